@@ -1,0 +1,290 @@
+"""`ModelCheckpoint`: save checkpoints during `fit`, keep the best k, and point ``last.json`` at the newest.
+
+Every checkpoint is a complete directory written atomically by `trainer.checkpointing.save_checkpoint`.
+The callback decides *when* to save (every n optimizer steps, every n epochs, after validation), *which*
+checkpoints to keep (the top ``save_top_k`` by a monitored metric, or the newest ones without a monitor),
+and keeps ``<dirpath>/last.json`` naming the newest checkpoint so ``fit(ckpt_path="last")`` finds it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from callbacks.base import Callback
+
+_MODES = ("min", "max")
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoint directories during training.
+
+    Args:
+        dirpath: directory for the checkpoints; default ``<project_dir>/checkpoints``.
+        filename: name template, formatted with ``epoch``, ``step`` and the logged metrics, e.g.
+            ``"{epoch:02d}-{val_loss:.3f}"`` → ``epoch=03-val_loss=0.123`` (``auto_insert_metric_name``).
+            Default ``"{epoch}-{step}"``.
+        monitor: metric (a key of ``trainer.callback_metrics``) ranking the checkpoints. None ranks them
+            by recency, so ``save_top_k`` keeps the newest ones.
+        mode: ``"min"`` or ``"max"``: whether a lower or higher `monitor` is better.
+        save_top_k: how many checkpoints to keep; ``-1`` keeps all, ``0`` keeps none (only ``last``).
+        save_last: also keep a checkpoint of the newest state whenever one is due, and name it in
+            ``last.json`` (`last_model_path`), even when it does not make the top k.
+        every_n_train_steps: save every n optimizer steps (at the end of the batch that made the step).
+        every_n_epochs: save every n epochs; default 1 when `every_n_train_steps` is not given, else off.
+        save_on_train_epoch_end: save at the end of the training epoch (True) or after validation (False);
+            default: after validation when it runs other than once per epoch, else at epoch end.
+        auto_insert_metric_name: write ``name=value`` for each template field.
+
+    Raises:
+        ValueError: on an invalid argument (the message names it and the accepted values).
+    """
+
+    _runs_last = True
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
+
+    def __init__(
+        self,
+        *,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        mode: str = "min",
+        save_top_k: int = 1,
+        save_last: bool | None = None,
+        every_n_train_steps: int | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        auto_insert_metric_name: bool = True,
+    ) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; use mode='min' or mode='max'")
+        if not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all, 0 none)")
+        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"ModelCheckpoint({name}={value!r}) must be None or an int >= 0 (0 disables it)")
+        if dirpath is not None and Path(dirpath).is_file():
+            raise ValueError(f"ModelCheckpoint(dirpath={str(dirpath)!r}) is an existing file; pass a directory path")
+        self.dirpath = Path(dirpath).absolute() if dirpath is not None else None
+        self._dirpath_arg = str(dirpath) if dirpath is not None else None
+        self.filename = filename
+        self.monitor = monitor
+        self.mode = mode
+        self.save_top_k = save_top_k
+        self.save_last = save_last
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.best_k_models: dict[str, float] = {}
+        self.kth_best_model_path = ""
+        self.kth_value: float | None = None
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.last_model_path = ""
+        self._last_global_step_saved = -1
+        self._warned_missing: set[str] = set()
+
+    # ----------------------------------------------------------------------------------- state
+    @property
+    def state_key(self) -> str:
+        return f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}, dirpath={self._dirpath_arg!r}}}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "monitor": self.monitor,
+            "dirpath": str(self.dirpath) if self.dirpath is not None else None,
+            "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": self.kth_value,
+            "best_model_path": self.best_model_path,
+            "best_model_score": self.best_model_score,
+            "last_model_path": self.last_model_path,
+            "last_global_step_saved": self._last_global_step_saved,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_model_score = state_dict.get("best_model_score")
+        self.best_model_path = state_dict.get("best_model_path", "")
+        if self.dirpath is not None and state_dict.get("dirpath") != str(self.dirpath):
+            return  # another directory: keep only the record of the best model
+        self.best_k_models = {str(k): float(v) for k, v in (state_dict.get("best_k_models") or {}).items()}
+        self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+        self.kth_value = state_dict.get("kth_value")
+        self.last_model_path = state_dict.get("last_model_path", "")
+        self._last_global_step_saved = int(state_dict.get("last_global_step_saved", -1))
+
+    # ----------------------------------------------------------------------------------- hooks
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        self.dirpath = self.resolve_dirpath(trainer)
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        n = self.every_n_train_steps
+        if n < 1 or trainer.global_step == 0 or trainer.global_step % n != 0 or not self._may_save(trainer):
+            return
+        self.save(trainer, monitor_required=False)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self._may_save(trainer) and self._epoch_due(trainer) and self._saves_on_train_epoch_end(trainer):
+            self.save(trainer, monitor_required=True)
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if self._may_save(trainer) and self._epoch_due(trainer) and not self._saves_on_train_epoch_end(trainer):
+            self.save(trainer, monitor_required=True)
+
+    def _may_save(self, trainer: Any) -> bool:
+        if getattr(trainer, "sanity_checking", False) or getattr(trainer, "stage", "fit") != "fit":
+            return False
+        return trainer.global_step != self._last_global_step_saved
+
+    def _epoch_due(self, trainer: Any) -> bool:
+        return self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    def _saves_on_train_epoch_end(self, trainer: Any) -> bool:
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        if getattr(trainer, "check_val_every_n_epoch", 1) not in (None, 1):
+            return False
+        num_val = getattr(trainer, "num_val_batches", 0)
+        num_val = sum(num_val) if isinstance(num_val, (list, tuple)) else (num_val or 0)
+        if num_val == 0:
+            return True
+        interval = getattr(trainer, "val_check_interval", None)
+        return interval is None or interval == 1.0
+
+    # ----------------------------------------------------------------------------------- saving
+    def resolve_dirpath(self, trainer: Any) -> Path:
+        """The directory this callback saves into (``<project_dir>/checkpoints`` unless `dirpath` was given)."""
+        from trainer.checkpointing import default_checkpoint_dir
+
+        return self.dirpath if self.dirpath is not None else default_checkpoint_dir(trainer)
+
+    def save(self, trainer: Any, *, monitor_required: bool) -> None:
+        """Save the checkpoints due now (all ranks call this); rank 0 then removes those that dropped out."""
+        from trainer.checkpointing import save_checkpoint, write_last_pointer
+
+        self.dirpath = self.resolve_dirpath(trainer)
+        metrics = self._metrics(trainer)
+        score = self._score(trainer, metrics, monitor_required)  # on every rank: a missing monitor raises everywhere
+        plan = self._plan(metrics, score) if trainer.is_global_zero else {}
+        if trainer.world_size > 1:
+            plan = trainer.strategy.broadcast_object(plan, src=0)
+        self._apply_plan(plan, trainer.global_step)
+        written = []
+        for path in dict.fromkeys(p for p in (plan["topk"], plan["last"]) if p):
+            save_checkpoint(trainer, path)
+            written.append(Path(path))
+        if trainer.is_global_zero and written:
+            write_last_pointer(self.dirpath, written[-1])
+            for path in plan["remove"]:
+                self._remove(Path(path))
+
+    def _plan(self, metrics: dict[str, Any], score: float | None) -> dict[str, Any]:
+        """Decide (on rank 0) which checkpoints to write and which to delete."""
+        name = self.format_checkpoint_name(metrics)
+        topk = ""
+        if score is not None and self._enters_top_k(score):
+            topk = str(self._unique_path(name))
+        last = ""
+        if self.save_last:
+            last = topk or str(self._unique_path(f"{self.CHECKPOINT_NAME_LAST}-{name}"))
+        remove = []
+        if topk and self.save_top_k > 0 and len(self.best_k_models) >= self.save_top_k:
+            remove.append(self.kth_best_model_path)
+        previous_last = self.last_model_path
+        if previous_last and previous_last != last and (last or topk) and previous_last not in self.best_k_models:
+            remove.append(previous_last)
+        return {"topk": topk, "last": last, "score": score, "remove": [p for p in remove if p and p not in (topk, last)]}
+
+    def _apply_plan(self, plan: dict[str, Any], global_step: int) -> None:
+        """Update the bookkeeping (identically on every rank) before the checkpoint is written, so it saves it."""
+        self._last_global_step_saved = global_step
+        for path in plan["remove"]:
+            self.best_k_models.pop(path, None)
+        if plan["topk"]:
+            self.best_k_models[plan["topk"]] = plan["score"]
+            self._update_best_and_kth()
+        if plan["last"]:
+            self.last_model_path = plan["last"]
+
+    def _update_best_and_kth(self) -> None:
+        ordered = sorted(self.best_k_models.items(), key=lambda kv: kv[1], reverse=self._ranking_mode == "max")
+        self.best_model_path, best_score = ordered[0]
+        self.best_model_score = best_score if self.monitor is not None else None
+        self.kth_best_model_path, self.kth_value = ordered[-1]
+
+    @property
+    def _ranking_mode(self) -> str:
+        return self.mode if self.monitor is not None else "max"
+
+    def _enters_top_k(self, score: float) -> bool:
+        if self.save_top_k == 0:
+            return False
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k or self.kth_value is None:
+            return True
+        return score < self.kth_value if self._ranking_mode == "min" else score > self.kth_value
+
+    def _metrics(self, trainer: Any) -> dict[str, Any]:
+        metrics: dict[str, Any] = {}
+        for key, value in (getattr(trainer, "callback_metrics", None) or {}).items():
+            item = getattr(value, "item", None)
+            metrics[key] = item() if callable(item) else value
+        metrics["epoch"] = int(trainer.current_epoch)
+        metrics["step"] = int(trainer.global_step)
+        return metrics
+
+    def _score(self, trainer: Any, metrics: dict[str, Any], monitor_required: bool) -> float | None:
+        if self.monitor is None:
+            return float(trainer.global_step)  # without a monitor the newest ranks best
+        if self.monitor not in metrics:
+            message = (
+                f"ModelCheckpoint(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics "
+                f"{sorted(metrics)}; log it with self.log({self.monitor!r}, value) or change `monitor`"
+            )
+            if monitor_required:
+                raise KeyError(message)
+            if self.monitor not in self._warned_missing:
+                self._warned_missing.add(self.monitor)
+                warnings.warn(message + " (skipping the top-k save until it is logged)", stacklevel=2)
+            return None
+        score = float(metrics[self.monitor])
+        if math.isnan(score):
+            score = math.inf if self.mode == "min" else -math.inf
+        return score
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None) -> str:
+        """Fill the filename template with `metrics` (missing fields become 0, with a warning)."""
+        template = filename or self.filename or "{epoch}-{step}"
+        values = dict(metrics)
+        groups = sorted(set(re.findall(r"(\{.*?)[:\}]", template)), key=len, reverse=True)
+        for group in groups:
+            name = group[1:]
+            if self.auto_insert_metric_name:
+                template = template.replace(group, name + self.CHECKPOINT_EQUALS_CHAR + "{" + name)
+            template = template.replace(group, "{0[" + name + "]")
+            if name not in values:
+                if name not in self._warned_missing:
+                    self._warned_missing.add(name)
+                    warnings.warn(f"ModelCheckpoint filename field {name!r} is not a logged metric; it is written as 0", stacklevel=3)
+                values[name] = 0
+        return template.format(values).replace("/", "_")
+
+    def _unique_path(self, name: str) -> Path:
+        assert self.dirpath is not None
+        path, version = self.dirpath / name, 0
+        while path.exists() or str(path) in self.best_k_models or str(path) == self.last_model_path:
+            version += 1
+            path = self.dirpath / f"{name}-v{version}"
+        return path
+
+    def _remove(self, path: Path) -> None:
+        from trainer.checkpointing import is_complete_checkpoint
+
+        if self.dirpath is not None and path.parent == self.dirpath and is_complete_checkpoint(path):
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,161 @@
+"""`EarlyStopping`: stop `fit` when a monitored metric stops improving."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from callbacks.base import Callback
+
+
+class EarlyStopping(Callback):
+    """Set ``trainer.should_stop`` when `monitor` has not improved for `patience` checks.
+
+    A check runs after each validation (or at the end of each training epoch, see
+    `check_on_train_epoch_end`). It also stops at once when the metric is not finite (`check_finite`),
+    reaches `stopping_threshold`, or passes `divergence_threshold`.
+
+    Args:
+        monitor: the metric to watch (a key of ``trainer.callback_metrics``).
+        mode: ``"min"`` or ``"max"``: whether lower or higher is better.
+        min_delta: the smallest change that counts as an improvement.
+        patience: how many checks without improvement to allow before stopping.
+        check_finite: stop when the metric becomes NaN or infinite.
+        stopping_threshold: stop as soon as the metric is at least this good.
+        divergence_threshold: stop as soon as the metric is worse than this.
+        check_on_train_epoch_end: check at the end of the training epoch (True) or after validation (False);
+            default: at epoch end when validation runs once per epoch or not at all, else after validation.
+        strict: raise when `monitor` was never logged (False: warn and skip the check).
+
+    Raises:
+        ValueError: on an invalid argument.
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        *,
+        mode: str = "min",
+        min_delta: float = 0.0,
+        patience: int = 3,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        check_on_train_epoch_end: bool | None = None,
+        strict: bool = True,
+    ) -> None:
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f"EarlyStopping(monitor={monitor!r}) needs the name of a logged metric, e.g. monitor='val_loss'")
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping(mode={mode!r}) is not supported; use mode='min' or mode='max'")
+        if not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"EarlyStopping(patience={patience!r}) must be an int >= 0")
+        if not math.isfinite(min_delta):
+            raise ValueError(f"EarlyStopping(min_delta={min_delta!r}) must be a finite number")
+        self.monitor = monitor
+        self.mode = mode
+        self.min_delta = abs(float(min_delta))
+        self.patience = patience
+        self.check_finite = check_finite
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.strict = strict
+        self.wait_count = 0
+        self.stopped_epoch = 0
+        self.best_score = math.inf if mode == "min" else -math.inf
+        self.stopping_reason: str | None = None
+        self._check_at_epoch_end = bool(check_on_train_epoch_end)
+
+    @property
+    def state_key(self) -> str:
+        return f"EarlyStopping{{monitor={self.monitor!r}, mode={self.mode!r}}}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "wait_count": self.wait_count,
+            "stopped_epoch": self.stopped_epoch,
+            "best_score": self.best_score,
+            "patience": self.patience,
+            "stopping_reason": self.stopping_reason,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.wait_count = int(state_dict["wait_count"])
+        self.stopped_epoch = int(state_dict["stopped_epoch"])
+        self.best_score = float(state_dict["best_score"])
+        self.patience = int(state_dict.get("patience", self.patience))
+        self.stopping_reason = state_dict.get("stopping_reason")
+
+    # ----------------------------------------------------------------------------------- hooks
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        if self.check_on_train_epoch_end is not None:
+            self._check_at_epoch_end = self.check_on_train_epoch_end
+            return
+        interval = getattr(trainer, "val_check_interval", None)
+        every = getattr(trainer, "check_val_every_n_epoch", 1)
+        self._check_at_epoch_end = (interval is None or interval == 1.0) and every in (None, 1)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self._check_at_epoch_end:
+            self._run_check(trainer)
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if not self._check_at_epoch_end:
+            self._run_check(trainer)
+
+    def _run_check(self, trainer: Any) -> None:
+        if getattr(trainer, "sanity_checking", False) or getattr(trainer, "stage", "fit") != "fit":
+            return
+        metrics = getattr(trainer, "callback_metrics", None) or {}
+        if self.monitor not in metrics:
+            message = (
+                f"EarlyStopping(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics "
+                f"{sorted(metrics)}; log it with self.log({self.monitor!r}, value) or change `monitor`"
+            )
+            if self.strict:
+                raise RuntimeError(message + " (or pass strict=False to skip the check when it is missing)")
+            warnings.warn(message, stacklevel=2)
+            return
+        value = metrics[self.monitor]
+        current = float(value.item() if hasattr(value, "item") else value)
+        should_stop, reason = self.evaluate(current)
+        if should_stop:
+            self.stopped_epoch = int(trainer.current_epoch)
+            self.stopping_reason = reason
+            trainer.should_stop = True
+            if getattr(trainer, "is_global_zero", True):
+                print_fn = getattr(trainer, "print", print)
+                print_fn(f"EarlyStopping: {reason}")
+
+    # ----------------------------------------------------------------------------------- rule
+    def _better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    def evaluate(self, current: float) -> tuple[bool, str | None]:
+        """Update the counters with `current`; return whether to stop and why."""
+        if self.check_finite and not math.isfinite(current):
+            return True, (
+                f"monitored metric {self.monitor} = {current} is not finite; previous best was {self.best_score:.3f}. "
+                "Signaling Trainer to stop."
+            )
+        if self.stopping_threshold is not None and not self._better(self.stopping_threshold, current):
+            return True, f"stopping threshold reached: {self.monitor} = {current} {'<=' if self.mode == 'min' else '>='} {self.stopping_threshold}."
+        if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
+            return True, (
+                f"divergence threshold reached: {self.monitor} = {current} "
+                f"{'>' if self.mode == 'min' else '<'} {self.divergence_threshold}; stopping."
+            )
+        step = -self.min_delta if self.mode == "min" else self.min_delta
+        if self._better(current, self.best_score + step):
+            self.best_score = current
+            self.wait_count = 0
+            return False, None
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            return True, (
+                f"{self.monitor} did not improve in the last {self.wait_count} checks; best score: {self.best_score:.6g}. "
+                "Signaling Trainer to stop."
+            )
+        return False, None

@@ -1,0 +1,176 @@
+"""`LearningRateMonitor`: log each optimizer's learning rate (and momentum) through the trackers."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+from callbacks.base import Callback
+
+_INTERVALS = (None, "step", "epoch")
+
+
+def log_to_trainer(trainer: Any, metrics: dict[str, float], step: int) -> None:
+    """Send ``metrics`` down the Trainer's tracker path at ``step``.
+
+    Uses ``trainer.log_metrics(metrics, step)`` when the Trainer has it. Otherwise the values are put into
+    ``trainer.callback_metrics`` and ``trainer.logged_metrics`` and handed, with the ``"epoch"`` key,
+    to the ``on_log_metrics`` hook of every callback that has one (the trackers).
+    """
+    log_metrics = getattr(trainer, "log_metrics", None)
+    if callable(log_metrics):
+        log_metrics(metrics, step)
+        return
+    for attribute in ("callback_metrics", "logged_metrics"):
+        store = getattr(trainer, attribute, None)
+        if store is not None:
+            store.update(metrics)
+    record = {**metrics, "epoch": int(getattr(trainer, "current_epoch", 0))}
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if type(callback).on_log_metrics is not Callback.on_log_metrics:
+            callback.on_log_metrics(trainer, getattr(trainer, "lightning_module", None), dict(record), step)
+
+
+def _momentum(group: dict[str, Any]) -> Optional[float]:
+    """The momentum of a parameter group: ``momentum`` (SGD, RMSprop) or ``betas[0]`` (Adam family)."""
+    if "betas" in group:
+        return float(group["betas"][0])
+    if "momentum" in group:
+        return float(group["momentum"])
+    return None
+
+
+class LearningRateMonitor(Callback):
+    """Log the learning rate of every optimizer, and optionally its momentum.
+
+    Names follow Lightning: ``lr-<OptimizerClass>`` (``lr-Adam``); a second optimizer of the same
+    class gets ``lr-Adam-1``; a scheduler config with a ``name`` uses that name instead; an optimizer
+    with several parameter groups logs ``lr-Adam/pg1``, ``lr-Adam/pg2``, ... (1-based). Momentum is
+    logged as ``momentum-<...>`` from ``momentum`` (SGD) or ``betas[0]`` (Adam family).
+
+    The values go through ``trainer.log_metrics`` to every tracker, at the current ``global_step``.
+
+    Args:
+        logging_interval: ``"step"`` logs at the start of every ``log_every_n_steps``-th optimizer step,
+            ``"epoch"`` at the start of every epoch, ``None`` follows each optimizer's scheduler interval
+            (optimizers without a scheduler are logged per step).
+        log_momentum: also log momentum.
+
+    Raises:
+        ValueError: ``logging_interval`` is not ``None``, ``"step"`` or ``"epoch"``.
+
+    Example::
+
+        trainer = Trainer(max_epochs=5, callbacks=[LearningRateMonitor(logging_interval="step")])
+    """
+
+    def __init__(self, logging_interval: Optional[str] = None, log_momentum: bool = False) -> None:
+        if logging_interval not in _INTERVALS:
+            raise ValueError(
+                f"LearningRateMonitor(logging_interval={logging_interval!r}) is invalid; "
+                "choose 'step', 'epoch' or None (follow each scheduler's interval)."
+            )
+        self.logging_interval = logging_interval
+        self.log_momentum = bool(log_momentum)
+        self.names: list[list[str]] = []
+        self._intervals: list[str] = []
+        self._last_step_logged: Optional[int] = None
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        optimizers = list(getattr(trainer, "optimizers", None) or [])
+        if not optimizers:
+            warnings.warn(
+                "LearningRateMonitor found no optimizers on the Trainer, so it logs nothing; "
+                "return an optimizer from configure_optimizers() or remove the callback.",
+                stacklevel=2,
+            )
+        configs = list(getattr(trainer, "lr_scheduler_configs", None) or [])
+        self.names = self._names(optimizers, configs)
+        self._intervals = [self._interval_of(i, opt, configs) for i, opt in enumerate(optimizers)]
+        self._last_step_logged = None
+        if self.log_momentum:
+            missing = [type(_unwrap(opt)).__name__ for opt in optimizers if _momentum(opt.param_groups[0]) is None]
+            if missing:
+                warnings.warn(
+                    f"LearningRateMonitor(log_momentum=True): {', '.join(missing)} has no momentum or betas, "
+                    "so no momentum is logged for it.",
+                    stacklevel=2,
+                )
+
+    def _names(self, optimizers: list[Any], configs: list[Any]) -> list[list[str]]:
+        """One list of metric stems per optimizer (one per parameter group), without the ``lr-`` prefix."""
+        seen: dict[str, int] = {}
+        names = []
+        for index, optimizer in enumerate(optimizers):
+            config = _config_for(index, optimizer, configs)
+            custom = getattr(config, "name", None)
+            stem = custom or type(_unwrap(optimizer)).__name__
+            count = seen.get(stem, 0)
+            seen[stem] = count + 1
+            if count:
+                stem = f"{stem}-{count}"
+            groups = optimizer.param_groups
+            names.append([stem] if len(groups) == 1 else [f"{stem}/pg{i + 1}" for i in range(len(groups))])
+        return names
+
+    def _interval_of(self, index: int, optimizer: Any, configs: list[Any]) -> str:
+        if self.logging_interval is not None:
+            return self.logging_interval
+        config = _config_for(index, optimizer, configs)
+        return "step" if config is None else str(getattr(config, "interval", "epoch"))
+
+    def learning_rates(self, trainer: Any, interval: str) -> dict[str, float]:
+        """The current values of every optimizer logged at ``interval``, keyed by metric name."""
+        values: dict[str, float] = {}
+        optimizers = list(getattr(trainer, "optimizers", None) or [])
+        for optimizer, stems, opt_interval in zip(optimizers, self.names, self._intervals):
+            if opt_interval != interval:
+                continue
+            for stem, group in zip(stems, optimizer.param_groups):
+                values[f"lr-{stem}"] = float(group["lr"])
+                momentum = _momentum(group) if self.log_momentum else None
+                if momentum is not None:
+                    values[f"momentum-{stem}"] = momentum
+        return values
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        if "step" not in self._intervals:
+            return
+        step = int(trainer.global_step)
+        every = max(int(getattr(trainer, "log_every_n_steps", 1) or 1), 1)
+        # Several batches share one optimizer step under gradient accumulation: log each step once.
+        if step == self._last_step_logged or step % every:
+            return
+        self._last_step_logged = step
+        values = self.learning_rates(trainer, "step")
+        if values:
+            log_to_trainer(trainer, values, step)
+
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        values = self.learning_rates(trainer, "epoch")
+        if values:
+            log_to_trainer(trainer, values, int(trainer.global_step))
+
+
+def _config_for(index: int, optimizer: Any, configs: list[Any]) -> Any:
+    """The scheduler config of the ``index``-th optimizer (by ``opt_idx``, else by identity), or None."""
+    for config in configs:
+        opt_idx = getattr(config, "opt_idx", None)
+        if opt_idx is not None and opt_idx == index:
+            return config
+        if opt_idx is None and _optimizer_of(config.scheduler) is _unwrap(optimizer):
+            return config
+    return None
+
+
+def _optimizer_of(scheduler: Any) -> Any:
+    """The torch optimizer a scheduler drives, looking through wrappers (``.scheduler``, ``.optimizer``)."""
+    scheduler = getattr(scheduler, "scheduler", scheduler)
+    return _unwrap(getattr(scheduler, "optimizer", None))
+
+
+def _unwrap(optimizer: Any) -> Any:
+    """The torch optimizer inside a wrapper that keeps it as ``.optimizer``."""
+    while optimizer is not None and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer

@@ -1,0 +1,249 @@
+"""`ProgressBar`: tqdm bars for training, validation, test and predict, on the main process only."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Optional, TextIO
+
+from callbacks.base import Callback
+
+_STAGE_TOTALS = {
+    "validation": "num_val_batches",
+    "test": "num_test_batches",
+    "predict": "num_predict_batches",
+}
+_STAGE_DESCRIPTIONS = {"validation": "Validation", "test": "Testing", "predict": "Predicting"}
+
+
+def _import_tqdm() -> Any:
+    """Return the ``tqdm`` class, or raise an ImportError that names the fix."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError as err:  # pragma: no cover - exercised only without tqdm
+        raise ImportError(
+            "ProgressBar requires the tqdm package, which is not installed. Install it with "
+            "`pip install tqdm`, or pass enable_progress_bar=False to the Trainer."
+        ) from err
+    return tqdm
+
+
+def _total(value: Any) -> Optional[int]:
+    """Turn a batch count (int, float('inf'), None, or a list of counts per loader) into a tqdm total."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        counts = [_total(v) for v in value]
+        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _to_float(value: Any) -> Optional[float]:
+    """Convert a logged value (float, int, one-element tensor) to a float; None for anything else."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    numel = getattr(value, "numel", None)
+    if numel is not None and numel() == 1:
+        return float(value.item())
+    return None
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss inside a ``training_step`` output (a tensor, or a mapping with a ``"loss"`` key), detached."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    detach = getattr(loss, "detach", None)
+    return detach() if detach is not None else loss
+
+
+class ProgressBar(Callback):
+    """Show training, validation, test and predict progress with tqdm on the global main process.
+
+    The training bar's total is ``trainer.num_training_batches`` (this rank's batches after sharding
+    and ``limit_train_batches``, which is the number of batches this process iterates); the evaluation
+    bars use ``num_val_batches``/``num_test_batches``/``num_predict_batches``. The postfix shows the
+    last training loss and every metric logged with ``prog_bar=True`` (``trainer.progress_bar_metrics``).
+
+    Updates are cheap: the bar is redrawn every ``refresh_rate`` batches, and tensors are converted to
+    floats (which synchronises with the device) only on those redraws.
+
+    Args:
+        refresh_rate: redraw every this many batches; ``0`` disables the bars.
+        leave: keep the finished training bar of each epoch on screen.
+        file: stream the bars write to; ``None`` means ``sys.stderr`` at the time a bar is created.
+
+    Raises:
+        ValueError: ``refresh_rate`` is not a non-negative integer.
+        ImportError: tqdm is not installed (raised when the first bar is created).
+
+    Example::
+
+        trainer = Trainer(max_epochs=3, callbacks=[ProgressBar(refresh_rate=10)])
+    """
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = False, file: Optional[TextIO] = None) -> None:
+        if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
+            raise ValueError(
+                f"ProgressBar(refresh_rate={refresh_rate!r}) is invalid; pass a non-negative integer "
+                "(redraw every that many batches), or 0 to disable the bars."
+            )
+        self.refresh_rate = refresh_rate
+        self.leave = bool(leave)
+        self.file = file
+        self.train_bar: Any = None
+        self.eval_bar: Any = None
+        self._pending = 0
+        self._eval_pending = 0
+        self._last_loss: Any = None
+
+    @property
+    def is_enabled(self) -> bool:
+        """Whether bars are drawn at all (``refresh_rate > 0``)."""
+        return self.refresh_rate > 0
+
+    def _active(self, trainer: Any) -> bool:
+        return self.refresh_rate > 0 and bool(getattr(trainer, "is_global_zero", True))
+
+    def _new_bar(self, desc: str, total: Optional[int], leave: bool) -> Any:
+        tqdm = _import_tqdm()
+        return tqdm(
+            total=total,
+            desc=desc,
+            leave=leave,
+            file=self.file if self.file is not None else sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0,
+            unit="it",
+        )
+
+    def postfix(self, trainer: Any) -> dict[str, float]:
+        """The values shown after the bar: the last training loss, then ``trainer.progress_bar_metrics``."""
+        shown: dict[str, float] = {}
+        loss = _to_float(self._last_loss) if self._last_loss is not None else None
+        if loss is not None:
+            shown["loss"] = loss
+        for name, value in dict(getattr(trainer, "progress_bar_metrics", None) or {}).items():
+            number = _to_float(value)
+            if number is not None:
+                shown[name] = number
+        return shown
+
+    # training
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        if not self._active(trainer):
+            return
+        self._close_train_bar()
+        total = _total(getattr(trainer, "num_training_batches", None))
+        self.train_bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
+        self._pending = 0
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.train_bar is None:
+            return
+        self._last_loss = _loss_of(outputs)
+        self._pending += 1
+        total = self.train_bar.total
+        if self._pending >= self.refresh_rate or (total is not None and self.train_bar.n + self._pending >= total):
+            self._refresh_train_bar(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self.train_bar is None:
+            return
+        self._refresh_train_bar(trainer)
+        self._close_train_bar()
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        self._close_train_bar()
+
+    def _refresh_train_bar(self, trainer: Any) -> None:
+        self.train_bar.update(self._pending)
+        self._pending = 0
+        self.train_bar.set_postfix(self.postfix(trainer), refresh=True)
+
+    def _close_train_bar(self) -> None:
+        if self.train_bar is not None:
+            self.train_bar.close()
+            self.train_bar = None
+
+    # validation, test, predict: one bar per loop
+    def _eval_start(self, trainer: Any, stage: str) -> None:
+        if not self._active(trainer):
+            return
+        self._close_eval_bar()
+        total = _total(getattr(trainer, _STAGE_TOTALS[stage], None))
+        desc = _STAGE_DESCRIPTIONS[stage]
+        if stage == "validation" and getattr(trainer, "sanity_checking", False):
+            desc = "Sanity Checking"
+            sanity_steps = getattr(trainer, "num_sanity_val_steps", None)
+            if isinstance(sanity_steps, int) and sanity_steps >= 0 and total is not None:
+                total = min(total, sanity_steps)
+        # A validation bar inside fit sits under the training bar and disappears when done.
+        leave = stage != "validation" and self.leave
+        self.eval_bar = self._new_bar(desc, total, leave)
+        self._eval_pending = 0
+
+    def _eval_batch_end(self) -> None:
+        if self.eval_bar is None:
+            return
+        self._eval_pending += 1
+        total = self.eval_bar.total
+        if self._eval_pending >= self.refresh_rate or (
+            total is not None and self.eval_bar.n + self._eval_pending >= total
+        ):
+            self.eval_bar.update(self._eval_pending)
+            self._eval_pending = 0
+            self.eval_bar.refresh()
+
+    def _eval_end(self, trainer: Any) -> None:
+        if self.eval_bar is None:
+            return
+        if self._eval_pending:
+            self.eval_bar.update(self._eval_pending)
+            self._eval_pending = 0
+            self.eval_bar.refresh()
+        self._close_eval_bar()
+        if self.train_bar is not None:  # show the freshly computed validation metrics
+            self.train_bar.set_postfix(self.postfix(trainer), refresh=True)
+
+    def _close_eval_bar(self) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        self._eval_start(trainer, "validation")
+
+    def on_validation_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._eval_batch_end()
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        self._eval_end(trainer)
+
+    def on_test_start(self, trainer: Any, module: Any) -> None:
+        self._eval_start(trainer, "test")
+
+    def on_test_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._eval_batch_end()
+
+    def on_test_end(self, trainer: Any, module: Any) -> None:
+        self._eval_end(trainer)
+
+    def on_predict_start(self, trainer: Any, module: Any) -> None:
+        self._eval_start(trainer, "predict")
+
+    def on_predict_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._eval_batch_end()
+
+    def on_predict_end(self, trainer: Any, module: Any) -> None:
+        self._eval_end(trainer)
+
+    # cleanup
+    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+        self._close_eval_bar()
+        self._close_train_bar()
+        self._last_loss = None
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        self._close_eval_bar()
+        self._close_train_bar()

@@ -1,0 +1,62 @@
+"""Experiment trackers: one API for the ``Accelerator`` (``log_with=``) and the ``Trainer`` (callbacks).
+
+Importing this package imports no tracker library; each integration imports its package in
+``start()``.
+"""
+
+from callbacks.trackers.aim import AimTracker
+from callbacks.trackers.base import GeneralTracker, NoOpTracker, on_main_process
+from callbacks.trackers.clearml import ClearMLTracker
+from callbacks.trackers.comet import CometMLTracker
+from callbacks.trackers.csv_tracker import CSVTracker
+from callbacks.trackers.dvclive import DVCLiveTracker
+from callbacks.trackers.mlflow import MLflowTracker
+from callbacks.trackers.registry import (
+    LoggerType,
+    TrackerHub,
+    available_trackers,
+    register_tracker_class,
+    resolve_trackers,
+    tracker_names,
+)
+from callbacks.trackers.swanlab import SwanLabTracker
+from callbacks.trackers.tensorboard import TensorBoardTracker
+from callbacks.trackers.trackio import TrackioTracker
+from callbacks.trackers.wandb import WandBTracker
+
+for _cls in (
+    CSVTracker,
+    TensorBoardTracker,
+    WandBTracker,
+    CometMLTracker,
+    AimTracker,
+    MLflowTracker,
+    ClearMLTracker,
+    DVCLiveTracker,
+    TrackioTracker,
+    SwanLabTracker,
+):
+    register_tracker_class(_cls)
+del _cls
+
+__all__ = [
+    "AimTracker",
+    "CSVTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "GeneralTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "NoOpTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackerHub",
+    "TrackioTracker",
+    "WandBTracker",
+    "available_trackers",
+    "on_main_process",
+    "register_tracker_class",
+    "resolve_trackers",
+    "tracker_names",
+]

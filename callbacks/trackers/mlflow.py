@@ -1,0 +1,71 @@
+"""MLflow tracker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from callbacks.trackers.base import GeneralTracker, flat_config, on_main_process, require_package, split_text
+
+
+class MLflowTracker(GeneralTracker):
+    """Log to an MLflow run in the experiment named after the run name.
+
+    The tracking URI is, in order: ``init_kwargs["tracking_uri"]``, ``MLFLOW_TRACKING_URI``, else a
+    local file store at ``<logging_dir>/mlruns`` (this sets ``MLFLOW_ALLOW_FILE_STORE=true``).
+    Other ``init_kwargs`` (``run_name``, ``run_id``, ``tags``, ``nested``, ``description``) go to
+    ``mlflow.start_run``. Config values become params (strings, truncated to MLflow's limit); strings
+    logged as values become run tags, since MLflow metrics are numbers only. Unless set,
+    ``MLFLOW_DISABLE_TELEMETRY=true``. Needs ``pip install mlflow-skinny`` (or ``mlflow``).
+    """
+
+    name = "mlflow"
+    requires_logging_directory = True
+    package = "mlflow"
+    pip_name = "mlflow-skinny"
+
+    @on_main_process
+    def start(self) -> None:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        kwargs = dict(self.init_kwargs)
+        uri = kwargs.pop("tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (Path(self.resolved_logging_dir()) / "mlruns").absolute().as_uri()
+        mlflow = require_package("mlflow", "mlflow-skinny", self.name)
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.set_experiment(kwargs.pop("experiment_name", self.run_name or "Default"))
+        self._run = mlflow.start_run(experiment_id=experiment.experiment_id, **kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import mlflow
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+        params = {key: str(value)[:MAX_PARAM_VAL_LENGTH] for key, value in flat_config(values).items()}
+        items = list(params.items())
+        for begin in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+            mlflow.log_params(dict(items[begin : begin + MAX_PARAMS_TAGS_PER_BATCH]), run_id=self._run_id)
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        import mlflow
+
+        numbers, texts = split_text(self.prepare_values(values))
+        if numbers:
+            metrics = {key: float(value) for key, value in numbers.items()}
+            mlflow.log_metrics(metrics, step=step, run_id=self._run_id, **kwargs)
+        if texts:
+            mlflow.set_tags(texts)
+
+    @on_main_process
+    def finish(self) -> None:
+        import mlflow
+
+        if self._run is not None:
+            mlflow.end_run()
+
+    @property
+    def _run_id(self) -> str:
+        return self._run.info.run_id

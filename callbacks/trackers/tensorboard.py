@@ -1,0 +1,55 @@
+"""TensorBoard tracker: event files under ``<logging_dir>/<run_name>``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from callbacks.trackers.base import GeneralTracker, flat_config, on_main_process, require_package, split_text
+
+
+class TensorBoardTracker(GeneralTracker):
+    """Log scalars (``add_scalar``), strings (``add_text``) and the config (``add_hparams``).
+
+    Event files go to ``<logging_dir>/<run_name>``; the hyperparameters land in the same folder.
+    ``init_kwargs`` go to ``torch.utils.tensorboard.SummaryWriter`` (e.g. ``flush_secs``).
+    Needs ``pip install tensorboard``.
+    """
+
+    name = "tensorboard"
+    requires_logging_directory = True
+    package = "tensorboard"
+    pip_name = "tensorboard"
+
+    @property
+    def log_dir(self) -> str:
+        """The folder holding this run's event files."""
+        return os.path.join(self.resolved_logging_dir(), self.run_name or "default")
+
+    @on_main_process
+    def start(self) -> None:
+        require_package("tensorboard", "tensorboard", self.name)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._run = SummaryWriter(log_dir=self.log_dir, **self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        config = flat_config(values)
+        if config:
+            self._run.add_hparams(config, metric_dict={}, run_name=".")
+            self._run.flush()
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        numbers, texts = split_text(self.prepare_values(values))
+        for key, value in numbers.items():
+            self._run.add_scalar(key, value, global_step=step, **kwargs)
+        for key, value in texts.items():
+            self._run.add_text(key, value, global_step=step, **kwargs)
+        self._run.flush()
+
+    @on_main_process
+    def finish(self) -> None:
+        if self._run is not None:
+            self._run.close()

@@ -1,0 +1,58 @@
+"""Strategies: everything distributed for both faces (device, processes, precision, collectives, data)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from strategies.base import Strategy
+from strategies.ddp import DDPStrategy
+from strategies.environment import ClusterEnvironment, detect_environment
+from strategies.single_device import SingleDeviceStrategy
+
+
+def _auto(**kwargs: Any) -> Strategy:
+    cluster = kwargs.get("cluster") or detect_environment()
+    kwargs["cluster"] = cluster
+    return DDPStrategy(**kwargs) if cluster.is_distributed else SingleDeviceStrategy(**kwargs)
+
+
+def _not_available(name: str, why: str) -> Callable[..., Strategy]:
+    def build(**kwargs: Any) -> Strategy:
+        raise NotImplementedError(f"strategy={name!r} is not available in this release: {why}; use strategy='ddp' or 'single'")
+
+    return build
+
+
+STRATEGIES: dict[str, Callable[..., Strategy]] = {
+    "auto": _auto,
+    "single": SingleDeviceStrategy,
+    "single_device": SingleDeviceStrategy,
+    "ddp": DDPStrategy,
+    "fsdp": _not_available("fsdp", "FSDP support is planned"),
+    "deepspeed": _not_available("deepspeed", "DeepSpeed support is planned"),
+    "xla": _not_available("xla", "TPU/XLA support is planned"),
+}
+
+
+def resolve_strategy(strategy: str | Strategy | None = "auto", **kwargs: Any) -> Strategy:
+    """Turn a strategy name (or instance) into a `Strategy`.
+
+    Keyword arguments (``cpu``, ``precision``, ``timeout``, ``cluster``) go to the strategy's constructor.
+    """
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = "auto" if strategy is None else str(strategy).lower()
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not known; choose one of {', '.join(sorted(STRATEGIES))}")
+    return STRATEGIES[name](**kwargs)
+
+
+__all__ = [
+    "STRATEGIES",
+    "ClusterEnvironment",
+    "DDPStrategy",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "detect_environment",
+    "resolve_strategy",
+]

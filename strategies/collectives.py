@@ -1,0 +1,157 @@
+"""Collectives over nested structures (tensors in tuples, lists, dicts, dataclasses, namedtuples).
+
+Every function works in a single process too (it then returns its input, shaped as a gather would).
+Gathering tensors whose shapes differ across ranks pads to the largest size along dim 0, gathers and
+trims; shapes that differ in any other dimension raise a `ValueError` on every rank (no hang).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def apply_to_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply `fn` to every tensor in a nested structure, rebuilding the same container types."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(apply_to_tensors(fn, x) for x in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(apply_to_tensors(fn, x) for x in data)
+    if isinstance(data, dict):
+        return type(data)({k: apply_to_tensors(fn, v) for k, v in data.items()})
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return dataclasses.replace(data, **{f.name: apply_to_tensors(fn, getattr(data, f.name)) for f in dataclasses.fields(data) if f.init})
+    return data
+
+
+def _gather_shapes(tensor: torch.Tensor) -> list[list[int]]:
+    world = dist.get_world_size()
+    # Rank count of dims first so that tensors of different ndim fail cleanly, not inside gloo.
+    meta = torch.tensor([tensor.ndim] + list(tensor.shape) + [0] * (8 - tensor.ndim), device=tensor.device, dtype=torch.long)
+    if tensor.ndim > 8:
+        raise ValueError(f"cannot gather a tensor with {tensor.ndim} dimensions; at most 8 are supported")
+    metas = [torch.empty_like(meta) for _ in range(world)]
+    dist.all_gather(metas, meta)
+    return [m[1 : 1 + int(m[0])].tolist() for m in metas]
+
+
+def gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """All-gather one tensor and concatenate along dim 0 (0-dim tensors become a 1-D tensor of size world)."""
+    if not is_distributed():
+        return tensor.unsqueeze(0) if tensor.ndim == 0 else tensor
+    if tensor.ndim == 0:
+        tensor = tensor.unsqueeze(0)
+    tensor = tensor.contiguous()
+    shapes = _gather_shapes(tensor)
+    if any(len(s) != tensor.ndim or s[1:] != list(tensor.shape[1:]) for s in shapes):
+        raise ValueError(
+            f"cannot gather tensors whose shapes differ beyond dim 0 across processes: {shapes}; "
+            "pad them first with pad_across_processes(tensor, dim=...) or gather_object()"
+        )
+    max_len = max(s[0] for s in shapes)
+    if tensor.shape[0] != max_len:
+        pad = tensor.new_zeros((max_len - tensor.shape[0], *tensor.shape[1:]))
+        padded = torch.cat([tensor, pad], dim=0)
+    else:
+        padded = tensor
+    out = [torch.empty_like(padded) for _ in shapes]
+    dist.all_gather(out, padded)
+    return torch.cat([o[: s[0]] for o, s in zip(out, shapes)], dim=0)
+
+
+def gather(data: Any) -> Any:
+    """All-gather every tensor of a nested structure (concatenated along dim 0)."""
+    return apply_to_tensors(gather_tensor, data)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gather picklable objects; lists are concatenated, anything else becomes one entry per rank."""
+    if not is_distributed():
+        return list(obj) if isinstance(obj, list) else [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    if all(isinstance(o, list) for o in out):
+        return [x for o in out for x in o]
+    return out
+
+
+def pad_tensor_across_processes(tensor: torch.Tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> torch.Tensor:
+    if not is_distributed() or tensor.ndim == 0:
+        return tensor
+    if dim >= tensor.ndim or dim < -tensor.ndim:
+        raise ValueError(f"dim={dim} is out of range for a tensor with {tensor.ndim} dimensions")
+    dim = dim % tensor.ndim
+    size = torch.tensor([tensor.shape[dim]], device=tensor.device, dtype=torch.long)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    max_size = max(int(s.item()) for s in sizes)
+    if max_size == tensor.shape[dim]:
+        return tensor
+    new_shape = list(tensor.shape)
+    new_shape[dim] = max_size
+    out = tensor.new_full(new_shape, pad_index)
+    start = max_size - tensor.shape[dim] if pad_first else 0
+    index = [slice(None)] * tensor.ndim
+    index[dim] = slice(start, start + tensor.shape[dim])
+    out[tuple(index)] = tensor
+    return out
+
+
+def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad every tensor along `dim` to the largest size over all processes."""
+    return apply_to_tensors(lambda t: pad_tensor_across_processes(t, dim, pad_index, pad_first), data)
+
+
+_REDUCTIONS = ("sum", "mean", "max", "min")
+
+
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """All-reduce every tensor (``"sum"``, ``"mean"``, ``"max"``, ``"min"``); returns new tensors."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is not supported; choose one of {', '.join(map(repr, _REDUCTIONS))}")
+
+    def _reduce(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        if is_distributed():
+            op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduction]
+            dist.all_reduce(out, op=op)
+            if reduction == "mean":
+                out = out / dist.get_world_size()
+        return out * scale if scale != 1.0 else out
+
+    return apply_to_tensors(_reduce, data)
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Broadcast every tensor from `from_process` (shapes must agree across ranks)."""
+    def _bcast(t: torch.Tensor) -> torch.Tensor:
+        if not is_distributed():
+            return t
+        out = t.clone().contiguous()
+        dist.broadcast(out, src=from_process)
+        return out
+
+    return apply_to_tensors(_bcast, data)
+
+
+def broadcast_object(obj: Any, from_process: int = 0) -> Any:
+    """Broadcast a picklable object from `from_process`; every rank returns it."""
+    if not is_distributed():
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=from_process)
+    return holder[0]
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,514 @@
+"""Sharded, seedable, resumable data loaders.
+
+`prepare_data_loader` rebuilds a `torch.utils.data.DataLoader` around a sharded batch sampler (the policy and
+its two-process example are in `strategies.sharding`) and returns a `DataLoaderShard`: a `DataLoader` that
+moves batches to the device, knows where it is in the epoch (``state_dict``/``load_state_dict`` resume
+mid-epoch without loading the skipped data), and tells ``gather_for_metrics`` how many samples of the last
+step are real (``remainder``) while the last batch is in use (``end_of_dataloader``).
+
+Shuffling: a `RandomSampler` is replaced by a `SeedableRandomSampler` drawing its permutation from
+``seed + epoch``, so every process holds the same permutation and takes its share of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+from strategies.sharding import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    check_processes,
+    flat_indices,
+    last_batch_real_count,
+    take_span,
+)
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderShard",
+    "IterableDatasetShard",
+    "SeedableRandomSampler",
+    "find_batch_size",
+    "prepare_data_loader",
+    "send_to_device",
+    "skip_first_batches",
+]
+
+# Attributes a DataLoader keeps that `prepare_data_loader` carries over unchanged.
+_CARRIED = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+)
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A `RandomSampler` whose permutation is a function of ``seed + epoch`` only.
+
+    Every process building one with the same seed draws the same permutation in the same epoch, and a
+    resumed run draws the permutation it was interrupted in.
+    """
+
+    def __init__(
+        self, data_source: Any, *, replacement: bool = False, num_samples: int | None = None, seed: int = 0
+    ) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of ``epoch``."""
+        self.epoch = epoch
+
+    def indices_tensor(self) -> torch.Tensor:
+        """This epoch's indices as an int64 tensor (what iterating the sampler yields)."""
+        gen = torch.Generator()
+        gen.manual_seed(self.seed + self.epoch)
+        n, m = len(self.data_source), self.num_samples
+        if self.replacement:
+            return torch.randint(n, (m,), generator=gen, dtype=torch.int64)
+        parts = [torch.randperm(n, generator=gen) for _ in range(-(-m // n))]
+        return torch.cat(parts)[:m] if len(parts) > 1 or m < n else parts[0]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices_tensor().tolist())
+
+
+def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocking: bool = False) -> Any:
+    """Move every tensor in ``obj`` (nested tuples, lists, dicts, namedtuples, dataclasses) to ``device``.
+
+    Other objects are returned untouched; containers are rebuilt with their own type.
+    """
+    if device is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, (list, tuple)):
+        moved = [send_to_device(o, device, non_blocking) for o in obj]
+        if hasattr(obj, "_fields"):
+            return type(obj)(*moved)
+        try:
+            return type(obj)(moved)
+        except TypeError:
+            return tuple(moved) if isinstance(obj, tuple) else moved
+    if isinstance(obj, Mapping):
+        moved_map = {k: send_to_device(v, device, non_blocking) for k, v in obj.items()}
+        try:
+            return type(obj)(moved_map)
+        except TypeError:
+            return moved_map
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        new = copy.copy(obj)
+        for field in dataclasses.fields(obj):
+            object.__setattr__(new, field.name, send_to_device(getattr(obj, field.name), device, non_blocking))
+        return new
+    return obj
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, Mapping):
+        children: Any = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children = (getattr(obj, f.name) for f in dataclasses.fields(obj))
+    else:
+        return None
+    for child in children:
+        found = _first_tensor(child)
+        if found is not None:
+            return found
+    return None
+
+
+def find_batch_size(batch: Any) -> int:
+    """The leading dimension of the first tensor found in ``batch`` (depth first).
+
+    Raises:
+        TypeError: if ``batch`` holds no tensor with at least one dimension.
+    """
+    tensor = _first_tensor(batch)
+    if tensor is None or tensor.dim() == 0:
+        raise TypeError(
+            f"find_batch_size needs a tensor with a batch dimension somewhere in the batch; got {type(batch).__name__} "
+            f"holding {'a 0-d tensor' if tensor is not None else 'no tensor'}. Pass the batch size explicitly instead"
+        )
+    return int(tensor.shape[0])
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where a loader is: shared by a loader and the views `skip_first_batches` makes of it."""
+
+    epoch: int = 0
+    position: int = 0  # batches handed out in this epoch, skipped ones included
+    resume_skip: int = 0  # batches the next pass skips (set by load_state_dict)
+    complete: bool = False  # the last batch of the epoch has been handed out
+    end: bool = False  # the batch in use is the last of the pass
+
+    def advance(self) -> None:
+        if self.complete:
+            self.epoch, self.position, self.resume_skip, self.complete = self.epoch + 1, 0, 0, False
+
+
+def _take_tensor(perm: torch.Tensor, begin: int, end: int, total: int) -> torch.Tensor:
+    """`take_span` for an index tensor."""
+    length = perm.shape[0]
+    if end <= length:
+        return perm[begin:end]
+    base = min(length, total)
+    wrapped = perm[torch.arange(max(begin, length) - length, end - length) % base]
+    return torch.cat((perm[begin:length], wrapped)) if begin < length else wrapped
+
+
+def _flat_index_tensor(sampler: Any) -> torch.Tensor:
+    if hasattr(sampler, "indices_tensor"):
+        return sampler.indices_tensor()
+    if type(sampler) is SequentialSampler:
+        return torch.arange(len(sampler))
+    return torch.as_tensor(list(sampler), dtype=torch.int64)
+
+
+def _batch_fetcher(loader: DataLoader) -> tuple[Callable[[Any], Any], bool] | None:
+    """A function fetching a whole batch in the main process, and whether it takes an index tensor.
+
+    Used only where it returns what the default path returns, bit for bit: no workers, no pinning, a
+    map-style data set; one indexed read per tensor for a `TensorDataset` with the default collate.
+    """
+    dataset, collate = loader.dataset, loader.collate_fn
+    if loader.num_workers or loader.pin_memory or not isinstance(loader.batch_sampler, BatchSamplerShard):
+        return None
+    if type(dataset).__module__.startswith("torch.utils.data.datapipes"):
+        return None
+    if isinstance(dataset, TensorDataset) and type(dataset).__getitem__ is TensorDataset.__getitem__:
+        if collate is default_collate and not hasattr(dataset, "__getitems__"):
+            tensors = dataset.tensors
+            return (lambda idx: [t[idx] for t in tensors]), True
+    if getattr(dataset, "__getitems__", None):
+        return (lambda idx: collate(dataset.__getitems__(idx))), False
+    return (lambda idx: collate([dataset[i] for i in idx])), False
+
+
+class DataLoaderShard(DataLoader):
+    """A `DataLoader` over one process's shard, placing batches on ``device`` and resumable mid-epoch.
+
+    Built by `prepare_data_loader`; takes the `DataLoader` arguments plus the ones below.
+
+    Args:
+        device: where batches go (``None``: left where they are).
+        put_on_device: ``False`` leaves batches on the CPU.
+        non_blocking: passed to ``Tensor.to``.
+        seed: the shuffling seed (recorded in ``state_dict``).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        device: torch.device | str | None = None,
+        put_on_device: bool = True,
+        non_blocking: bool = False,
+        seed: int = 0,
+        **loader_kwargs: Any,
+    ) -> None:
+        self._loader_batch_size: int | None = None
+        super().__init__(dataset, **loader_kwargs)
+        shard = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        if isinstance(dataset, IterableDatasetShard):
+            shard = dataset
+        self._shard = shard if isinstance(shard, (BatchSamplerShard, IterableDatasetShard)) else None
+        self.device = torch.device(device) if device is not None and put_on_device else None
+        self.non_blocking = non_blocking
+        self.seed = seed
+        self._progress = _Progress()
+        self._skip_once: int | None = None
+        self._pass_skip: int | None = None
+        self._fetcher = _batch_fetcher(self)
+
+    # ``DataLoader.__init__`` assigns ``batch_size``; it reads back as the per-process batch size.
+    @property
+    def batch_size(self) -> int | None:  # type: ignore[override]
+        """Samples per batch on this process."""
+        return getattr(self._shard, "per_process_batch_size", None) or self._loader_batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self._loader_batch_size = value
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes."""
+        return getattr(self._shard, "total_batch_size", None) or self._loader_batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Samples in the underlying data set."""
+        base = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
+        return len(base)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch of the pass is in use."""
+        return self._progress.end
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) pass draws; advances after each full pass."""
+        return self._progress.epoch
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last step over all processes (the rest are wrap-around copies); -1 if unknown."""
+        if isinstance(self._shard, BatchSamplerShard):
+            return self._shard.real_last_step
+        if isinstance(self._shard, IterableDatasetShard):
+            try:
+                length = len(self._shard.dataset)  # type: ignore[arg-type]
+            except TypeError:
+                return -1
+            return last_batch_real_count(
+                length, self._shard.batch_size, self._shard.num_processes,
+                split_batches=self._shard.split_batches, drop_last=self._shard.drop_last,
+            )
+        return -1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass draw epoch ``epoch`` (a resume position loaded for another epoch is dropped)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+        progress = self._progress
+        if epoch != progress.epoch or progress.complete:
+            self._progress.epoch, progress.position, progress.resume_skip, progress.complete = epoch, 0, 0, False
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "batches_yielded", "seed"}``: enough to resume at the next batch, JSON-serializable."""
+        progress = self._progress
+        if progress.complete:
+            return {"epoch": progress.epoch + 1, "batches_yielded": 0, "seed": self.seed}
+        return {"epoch": progress.epoch, "batches_yielded": progress.position, "seed": self.seed}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume where ``state_dict`` was taken: the next ``iter()`` starts at the following batch."""
+        values = {}
+        for key in ("epoch", "batches_yielded", "seed"):
+            value = state_dict.get(key) if isinstance(state_dict, Mapping) else None
+            if isinstance(value, bool) or not isinstance(value, int) or (key != "seed" and value < 0):
+                raise ValueError(
+                    f"state_dict[{key!r}]={value!r} is not valid; pass the dict returned by DataLoaderShard.state_dict() "
+                    "(keys 'epoch', 'batches_yielded', 'seed', non-negative ints)"
+                )
+            values[key] = value
+        self.seed = values["seed"]
+        sampler = getattr(self._shard, "batch_sampler", self._shard)
+        inner = getattr(sampler, "sampler", None)
+        if isinstance(inner, SeedableRandomSampler):
+            inner.seed = self.seed
+        self._progress.epoch, self._progress.complete = values["epoch"], False
+        self._progress.position = self._progress.resume_skip = values["batches_yielded"]
+
+    def __len__(self) -> int:
+        """Batches the current (or next) pass yields on this process."""
+        full = super().__len__()
+        if self._pass_skip is not None:
+            return max(full - self._pass_skip, 0)
+        pending = self._skip_once if self._skip_once is not None else self._progress.resume_skip
+        return max(full - pending, 0)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        progress = self._progress
+        progress.advance()
+        if self._skip_once is not None:
+            skip, self._skip_once = self._skip_once, None
+        else:
+            skip = progress.resume_skip
+        progress.resume_skip, progress.position = 0, skip
+        self._set_epoch_on_samplers(progress.epoch)
+        progress.end = False
+        self._pass_skip = skip
+        return self._run_pass(self._batches(skip), progress)
+
+    def _run_pass(self, batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
+        place = self.device is not None
+        try:
+            current = next(batches, _END)
+            if current is _END:
+                progress.complete = True
+                return
+            for upcoming in batches:
+                progress.position += 1
+                yield send_to_device(current, self.device, self.non_blocking) if place else current
+                current = upcoming
+            progress.end = True
+            progress.position += 1
+            progress.complete = True
+            yield send_to_device(current, self.device, self.non_blocking) if place else current
+        finally:
+            self._pass_skip = None
+            progress.advance()
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        """Raw batches of this pass, starting at batch ``skip``.
+
+        A pass draws the DataLoader's base seed from the RNG when it starts, as a plain DataLoader does. A pass
+        starting mid-epoch continues one that drew it before the checkpoint (which saved the RNG after that
+        draw), so it leaves the RNG as it is: a resumed run then sees the same random numbers.
+        """
+        rng = self.generator if self.generator is not None else torch.default_generator
+        state = rng.get_state() if skip > 0 else None
+        if isinstance(self._shard, BatchSamplerShard) and self._fetcher is not None:
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            batches: Iterator[Any] = self._fetched_batches(skip)
+        elif isinstance(self._shard, BatchSamplerShard):
+            self._shard.skip_next = skip
+            batches = super().__iter__()
+        else:  # iterable data sets cannot seek: their skipped batches are read and dropped here
+            batches = itertools.islice(super().__iter__(), skip, None)
+        if state is not None:
+            rng.set_state(state)
+        return batches
+
+    def _fetched_batches(self, skip: int) -> Iterator[Any]:
+        fetch, takes_tensor = self._fetcher  # type: ignore[misc]
+        shard: BatchSamplerShard = self._shard  # type: ignore[assignment]
+        if not shard.arithmetic:
+            shard.skip_next = skip
+            for idx in shard:
+                yield fetch(torch.as_tensor(idx, dtype=torch.int64) if takes_tensor else idx)
+            return
+        sampler = shard.batch_sampler.sampler  # type: ignore[attr-defined]
+        seq: Any = _flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
+        take = _take_tensor if takes_tensor else take_span
+        for begin, end in shard.spans(len(seq), skip):
+            yield fetch(take(seq, begin, end, shard.total_batch_size))
+
+    def _set_epoch_on_samplers(self, epoch: int) -> None:
+        shard = self._shard
+        targets = [shard, getattr(shard, "batch_sampler", None)]
+        targets.append(getattr(targets[1], "sampler", None))
+        for target in targets:
+            if target is not None and hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+
+
+_END = object()
+
+
+def _carried_kwargs(loader: DataLoader) -> dict[str, Any]:
+    return {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
+
+
+def _seedable(batch_sampler: Any, seed: int) -> Any:
+    """The same batch sampler, drawing from a `SeedableRandomSampler` where it drew from a `RandomSampler`."""
+    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
+        return batch_sampler
+    old = batch_sampler.sampler
+    sampler = SeedableRandomSampler(old.data_source, replacement=old.replacement, num_samples=old._num_samples, seed=seed)
+    return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+
+
+def _build(
+    dataloader: DataLoader, *, num_processes: int, process_index: int, split_batches: bool, even_batches: bool,
+    seedable: bool, seed: int, **shard_kwargs: Any,
+) -> DataLoaderShard:
+    kwargs = _carried_kwargs(dataloader)
+    dataset = dataloader.dataset
+    if isinstance(dataset, IterableDataset):
+        if dataloader.batch_size is None:
+            raise ValueError(
+                "prepare_data_loader cannot shard an iterable data set loaded with batch_size=None; "
+                "give the DataLoader a batch_size"
+            )
+        shard = IterableDatasetShard(
+            dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, num_processes=num_processes,
+            process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+        )
+        return DataLoaderShard(
+            shard, batch_size=shard.per_process_batch_size, drop_last=dataloader.drop_last, seed=seed,
+            **shard_kwargs, **kwargs,
+        )
+    as_sampler = dataloader.batch_sampler is None
+    batch_sampler = dataloader.sampler if as_sampler else dataloader.batch_sampler
+    if as_sampler and not isinstance(batch_sampler, BatchSampler):
+        raise ValueError(
+            f"prepare_data_loader cannot shard a DataLoader with batch_size=None over a {type(batch_sampler).__name__}; "
+            "give it a batch_size, or pass a BatchSampler as its sampler"
+        )
+    shard = BatchSamplerShard(
+        _seedable(batch_sampler, seed) if seedable else batch_sampler, num_processes=num_processes,
+        process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+    )
+    placement = {"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard}
+    return DataLoaderShard(dataset, seed=seed, **placement, **shard_kwargs, **kwargs)
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    *,
+    device: torch.device | str | None = None,
+    num_processes: int = 1,
+    process_index: int = 0,
+    split_batches: bool = False,
+    even_batches: bool = True,
+    put_on_device: bool = True,
+    non_blocking: bool = False,
+    seed: int = 0,
+) -> DataLoaderShard:
+    """Rebuild ``dataloader`` to load only this process's shard (see `strategies.sharding` for the policy).
+
+    Two processes, 22 samples, ``batch_size=3``: process 0 gets ``[0,1,2] [6,7,8] [12,13,14] [18,19,20]``
+    and process 1 gets ``[3,4,5] [9,10,11] [15,16,17] [21,0,1]``. Workers, collate function, pinning,
+    worker init function, generator and persistent workers are kept. A shuffling loader shuffles with
+    ``seed + epoch`` on every process.
+
+    Raises:
+        TypeError: if ``dataloader`` is not a `torch.utils.data.DataLoader`.
+        ValueError: for a bad process count or index, ``split_batches`` with a batch size that does not
+            divide, or a loader with no batch size over a plain sampler.
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    check_processes(num_processes, process_index)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} must be an int")
+    return _build(
+        dataloader, num_processes=num_processes, process_index=process_index, split_batches=split_batches,
+        even_batches=even_batches, seedable=True, seed=seed, device=device, put_on_device=put_on_device,
+        non_blocking=non_blocking,
+    )
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoaderShard:
+    """A loader whose next pass starts at batch ``num_batches``; later passes are whole.
+
+    Skipping happens at the batch-sampler level: no sample of a skipped batch is loaded. For a
+    `DataLoaderShard` the result shares its epoch and position (its ``state_dict`` is the loader's); a
+    resume position loaded with ``load_state_dict`` is replaced by ``num_batches``. A plain `DataLoader` is
+    wrapped as one process with its sampler unchanged.
+
+    Raises:
+        ValueError: if ``num_batches`` is not a non-negative int.
+        TypeError: if ``dataloader`` is not a `DataLoader`.
+    """
+    if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+        raise ValueError(f"num_batches={num_batches!r} must be an int >= 0")
+    if isinstance(dataloader, DataLoaderShard):
+        view = copy.copy(dataloader)
+        view._iterator = None
+    elif isinstance(dataloader, DataLoader):
+        view = _build(
+            dataloader, num_processes=1, process_index=0, split_batches=False, even_batches=False,
+            seedable=False, seed=0, put_on_device=False,
+        )
+    else:
+        raise TypeError(f"skip_first_batches expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    view._skip_once = num_batches
+    return view

@@ -1,0 +1,98 @@
+"""Distributed data parallel: one process per device, gloo on CPU, nccl on CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from strategies.base import Strategy, best_device
+from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
+
+
+class DDPStrategy(Strategy):
+    """Wraps the model in `DistributedDataParallel` and owns the process group.
+
+    Args:
+        cluster: the process layout (detected from the environment by default).
+        cpu: force CPU (gloo) even when GPUs are present.
+        precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        timeout: process-group timeout in seconds (default ``TRAINWRIGHT_PG_TIMEOUT`` or 300 s, far below
+            gloo's 30 minutes), so a rank that never joins a collective fails the job instead of hanging it.
+        backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
+        find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view: passed to DDP.
+    """
+
+    name = "ddp"
+
+    def __init__(
+        self,
+        *,
+        cluster: ClusterEnvironment | None = None,
+        cpu: bool = False,
+        precision: str = "no",
+        timeout: float | None = None,
+        backend: str | None = None,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        bucket_cap_mb: float | None = None,
+        gradient_as_bucket_view: bool = False,
+    ) -> None:
+        cluster = detect_environment() if cluster is None else cluster
+        if not dist.is_available():
+            raise RuntimeError("strategy='ddp' needs torch.distributed, which this torch build lacks; use strategy='single'")
+        device = best_device(cpu=cpu, local_rank=cluster.local_rank)
+        super().__init__(cluster=cluster, device=device, precision=precision)
+        self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        self.timeout = process_group_timeout(timeout)
+        self.ddp_kwargs: dict[str, Any] = {
+            "find_unused_parameters": find_unused_parameters,
+            "static_graph": static_graph,
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+        }
+        if bucket_cap_mb is not None:
+            self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
+        self._owns_group = False
+
+    def setup_environment(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size:
+                raise RuntimeError(
+                    f"a process group of size {dist.get_world_size()} already exists but the environment says "
+                    f"{self.world_size} processes; destroy it or fix WORLD_SIZE"
+                )
+            return
+        os.environ.setdefault("MASTER_ADDR", self.cluster.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(self.cluster.master_port))
+        dist.init_process_group(
+            backend=self.backend,
+            init_method="env://",
+            world_size=self.world_size,
+            rank=self.rank,
+            timeout=datetime.timedelta(seconds=self.timeout),
+        )
+        self._owns_group = True
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = module.to(self.device)
+        if not self.is_distributed or not any(p.requires_grad for p in module.parameters()):
+            return module
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+
+    def no_sync(self, module: nn.Module) -> ContextManager[Any]:
+        if isinstance(module, nn.parallel.DistributedDataParallel):
+            return module.no_sync()
+        return contextlib.nullcontext()
+
+    def teardown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False

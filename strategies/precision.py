@@ -1,0 +1,110 @@
+"""Mixed precision as an object composed into a strategy.
+
+`Precision` owns autocast, loss scaling, unscaling before clipping and the optimizer step, so no call
+site branches on ``if scaler:``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Iterator
+
+import torch
+
+_ALIASES = {
+    "no": "no", "32": "no", "32-true": "no", "fp32": "no", "float32": "no",
+    "fp16": "fp16", "16": "fp16", "16-mixed": "fp16", "float16": "fp16",
+    "bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
+}
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def normalize_precision(value: Any) -> str:
+    """Map every accepted spelling to ``"no"``, ``"fp16"`` or ``"bf16"``."""
+    if value is None:
+        return "no"
+    key = str(value).strip().lower()
+    if key.startswith("precisiontype."):
+        key = key.split(".", 1)[1]
+    if key not in _ALIASES:
+        raise ValueError(
+            f"mixed_precision={value!r} is not supported; choose one of 'no', 'fp16', 'bf16' "
+            "(or '32', '16-mixed', 'bf16-mixed')"
+        )
+    return _ALIASES[key]
+
+
+def check_precision_supported(mode: str, device: torch.device) -> None:
+    """Raise if this hardware cannot run `mode`."""
+    if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"mixed_precision='bf16' needs a GPU with bfloat16 support, but {torch.cuda.get_device_name(device)} has none; "
+            "use mixed_precision='fp16' or 'no'"
+        )
+    if mode == "fp16" and device.type == "mps" and not hasattr(torch.amp, "GradScaler"):
+        raise ValueError("mixed_precision='fp16' on MPS needs a newer torch; use mixed_precision='no'")
+    if mode != "no" and device.type not in ("cpu", "cuda", "mps", "xpu", "xla", "hpu", "npu"):
+        raise ValueError(f"mixed_precision={mode!r} is not supported on device type {device.type!r}; use mixed_precision='no'")
+
+
+class Precision:
+    """Autocast + (for fp16) dynamic loss scaling for one device."""
+
+    def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
+        self.mode = normalize_precision(mode)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        check_precision_supported(self.mode, self.device)
+        self.dtype = _DTYPES.get(self.mode)
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.mode == "fp16":
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        self._unscaled: set[int] = set()
+        self.step_was_skipped = False
+
+    def autocast(self, enabled: bool = True) -> ContextManager[Any]:
+        """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision)."""
+        if self.dtype is None or not enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Unscale `optimizer`'s gradients once per step (before clipping)."""
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        """Step `optimizer`; return False when fp16 loss scaling skipped the step (inf/nan gradients)."""
+        if self.scaler is None:
+            optimizer.step(**kwargs)
+            self.step_was_skipped = False
+            return True
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        self._unscaled.discard(id(optimizer))
+        self.step_was_skipped = self.scaler.get_scale() < scale_before
+        return not self.step_was_skipped
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def no_autocast() -> Iterator[None]:
+    """Disable any active autocast inside the block."""
+    with torch.autocast(device_type="cpu", enabled=False):
+        if torch.cuda.is_available():
+            with torch.autocast(device_type="cuda", enabled=False):
+                yield
+        else:
+            yield

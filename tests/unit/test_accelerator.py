@@ -1,0 +1,187 @@
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import Accelerator, ProjectConfiguration
+from trainer.checkpoint_io import CheckpointError
+from trainer.utils import set_seed
+
+
+def make(n=32, bs=4, shuffle=True, **kwargs):
+    set_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    data = TensorDataset(torch.randn(n, 4), torch.randn(n, 1))
+    loader = DataLoader(data, batch_size=bs, shuffle=shuffle)
+    acc = Accelerator(cpu=True, **kwargs)
+    return (acc, *acc.prepare(model, opt, sched, loader))
+
+
+def forever(loader):
+    while True:
+        yield from loader
+
+
+def train_steps(acc, model, opt, sched, it, n):
+    losses = []
+    for _ in range(n):
+        x, y = next(it)
+        with acc.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_prepare_keeps_order_and_types():
+    acc, model, opt, sched, loader = make()
+    assert isinstance(model, torch.nn.Module) and isinstance(opt, torch.optim.Optimizer)
+    assert len(loader) == 8 and acc.num_processes == 1 and acc.is_main_process
+    assert next(model.parameters()).device == acc.device
+
+
+def test_accumulation_matches_manual_loop():
+    acc, model, opt, sched, loader = make(shuffle=False, gradient_accumulation_steps=2)
+    model.eval()  # no dropout: compare to a hand-written loop
+    set_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)).eval()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    steps = 0
+    for i, (x, y) in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+        (torch.nn.functional.mse_loss(ref(x), y) / 2).backward()
+        if i % 2 == 1:
+            ref_opt.step()
+            ref_opt.zero_grad()
+            steps += 1
+    assert steps == 4
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_sync_at_end_of_dataloader():
+    acc, model, opt, sched, loader = make(n=12, gradient_accumulation_steps=4)
+    flags = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            flags.append(acc.sync_gradients)
+    assert flags == [False, False, True]  # 3 batches, 4 accumulation steps: the end of the loader is a boundary
+
+
+def test_save_and_load_state_resume_exactly(tmp_path):
+    acc, model, opt, sched, loader = make()
+    it = forever(loader)
+    train_steps(acc, model, opt, sched, it, 3)
+    path = acc.save_state(tmp_path / "ckpt")
+    straight = train_steps(acc, model, opt, sched, it, 9)  # crosses into the next epoch
+    weights = [p.detach().clone() for p in model.parameters()]
+
+    acc2, model2, opt2, sched2, loader2 = make()
+    acc2.load_state(path)
+    resumed = train_steps(acc2, model2, opt2, sched2, forever(loader2), 9)
+    assert resumed == straight
+    assert all(torch.equal(a, b) for a, b in zip(weights, model2.parameters()))
+    keys = load_file(str(Path(path) / "model.safetensors")).keys()
+    assert set(keys) == set(model.state_dict().keys())
+
+
+def test_automatic_naming_total_limit_and_counter(tmp_path):
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    acc, model, opt, sched, loader = make(project_config=config)
+    for _ in range(3):
+        acc.save_state()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["checkpoint_1", "checkpoint_2"]
+    config2 = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    acc2, *objs = make(project_config=config2)
+    acc2.load_state()  # newest, and the counter continues after it
+    assert acc2.save_state().endswith("checkpoint_3")
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_tampered_checkpoint_is_refused(tmp_path):
+    acc, model, opt, sched, loader = make()
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    (path / "optimizer.bin").write_bytes(pickle.dumps({"state": Boom()}))
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        acc.load_state(path)
+    assert not Path("pwned").exists()
+
+
+def test_incomplete_checkpoint_is_refused(tmp_path):
+    acc, model, opt, sched, loader = make()
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    (path / "checkpoint.json").unlink()
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        acc.load_state(path)
+
+
+def test_save_model_shards_with_index(tmp_path):
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]))
+    acc.save_model(model, tmp_path / "out", max_shard_size="20KB")
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert "model.safetensors.index.json" in files and len(files) > 2
+    loaded = {}
+    for f in files:
+        if f.endswith(".safetensors"):
+            loaded.update(load_file(str(tmp_path / "out" / f)))
+    assert loaded.keys() == model.state_dict().keys()
+
+
+def test_fp16_skipped_step_is_reported():
+    acc = Accelerator(cpu=True, mixed_precision="fp16")
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.backward(model(torch.ones(1, 2)).sum() * float("inf"))
+    opt.step()
+    assert acc.optimizer_step_was_skipped
+
+
+def test_clip_grad_norm_unscales_first():
+    acc = Accelerator(cpu=True, mixed_precision="fp16")
+    model = acc.prepare(torch.nn.Linear(3, 1))
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.backward(model(torch.ones(4, 3)).mean() * 0.1)  # every gradient is 0.1 once unscaled
+    norm = acc.clip_grad_norm_(model.parameters(), 1e9)
+    torch.testing.assert_close(norm, torch.tensor(0.2), rtol=1e-3, atol=1e-3)
+    opt.step()
+    assert not acc.optimizer_step_was_skipped
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=0"):
+        Accelerator(gradient_accumulation_steps=0)
+    with pytest.raises(ValueError, match="mixed_precision='fp8'"):
+        Accelerator(mixed_precision="fp8")
+    with pytest.raises(ValueError, match="strategy='nope'"):
+        Accelerator(strategy="nope")
+
+
+def test_env_settings_are_defaults(monkeypatch):
+    monkeypatch.setenv("TRAINWRIGHT_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("TRAINWRIGHT_GRADIENT_ACCUMULATION_STEPS", "3")
+    acc = Accelerator(cpu=True)
+    assert acc.mixed_precision == "bf16" and acc.gradient_accumulation_steps == 3
+    assert Accelerator(cpu=True, mixed_precision="no").mixed_precision == "no"
+
+
+def test_split_batches_is_honoured():
+    acc = Accelerator(cpu=True, split_batches=True)
+    assert acc.split_batches is True

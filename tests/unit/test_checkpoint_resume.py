@@ -1,0 +1,211 @@
+"""Bit-exact resume of a `Trainer` run from its checkpoints, and what a checkpoint directory holds.
+
+Training N steps straight and training k steps, stopping, then ``fit(ckpt_path="last")`` to N must give
+bitwise-identical weights and logged losses — with shuffling, dropout, gradient accumulation, bf16 autocast
+and a per-step LR scheduler, whether k falls in the first epoch, on an epoch boundary or in a later epoch.
+The model and run helpers here are also used by the distributed and kill tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.base import Callback
+from callbacks.checkpoint import ModelCheckpoint
+from trainer import Trainer, TrainModule
+
+DATASET_SIZE, BATCH_SIZE, ACCUMULATE = 40, 4, 2  # 10 batches = 5 optimizer steps per epoch (one process)
+TOTAL_STEPS = 17  # ends mid-epoch 3
+
+
+class ResumeNet(TrainModule):
+    """A small regression net with dropout, AdamW and a per-step LR schedule; records every loss it computes."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
+        self.losses: dict[str, float] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x).float(), y)
+        self.losses[f"{self.trainer.current_epoch}/{batch_idx}"] = loss.item()
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.8)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class LossRecorder(Callback):
+    """Keeps what the Trainer sends to the trackers: step → logged train loss."""
+
+    def __init__(self) -> None:
+        self.logged: dict[int, float] = {}
+
+    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, float], step: int) -> None:
+        if "train_loss" in metrics:
+            self.logged[step] = float(metrics["train_loss"])
+
+
+def make_loader(size: int = DATASET_SIZE) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(size, 4, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True) + 0.1 * torch.randn(size, 1, generator=g)), batch_size=BATCH_SIZE, shuffle=True)
+
+
+def run_fit(
+    root: Path, max_steps: int, *, ckpt_path: str | None = None, every_n_train_steps: int | None = None,
+    init_seed: int = 1, extra_callbacks: tuple[Callback, ...] = (), **trainer_kwargs: Any,
+) -> tuple[ResumeNet, Trainer, LossRecorder]:
+    """Fit a fresh `ResumeNet` (initialized from `init_seed`) to `max_steps` in `root`."""
+    torch.manual_seed(init_seed)
+    module = ResumeNet()
+    recorder = LossRecorder()
+    callbacks: list[Callback] = [recorder, *extra_callbacks]
+    if every_n_train_steps:
+        callbacks.append(ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=every_n_train_steps, save_top_k=-1))
+    settings = dict(
+        max_steps=max_steps, max_epochs=100, accumulate_grad_batches=ACCUMULATE, precision="bf16-mixed", callbacks=callbacks,
+        log_with=None, log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=bool(every_n_train_steps), project_dir=str(root), seed=1234,
+    )
+    settings.update(trainer_kwargs)
+    trainer = Trainer(**settings)
+    trainer.fit(module, make_loader(), ckpt_path=ckpt_path)
+    return module, trainer, recorder
+
+
+def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    different = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert not different, f"weights differ after resume: {different}"
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ResumeNet, Trainer, LossRecorder]:
+    return run_fit(tmp_path_factory.mktemp("straight"), TOTAL_STEPS)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stop_step", [3, 5, 12], ids=["epoch0-mid", "epoch0-end", "epoch2-mid"])
+def test_resume_is_bit_exact(tmp_path: Path, straight_run: Any, stop_step: int) -> None:
+    straight, straight_trainer, straight_log = straight_run
+    first, first_trainer, first_log = run_fit(tmp_path, stop_step, every_n_train_steps=stop_step)
+    assert first_trainer.global_step == stop_step
+    # a different initialization proves the weights come from the checkpoint
+    resumed, trainer, resumed_log = run_fit(tmp_path, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=stop_step, init_seed=99)
+    assert trainer.global_step == straight_trainer.global_step == TOTAL_STEPS
+    assert_same_weights(straight, resumed)
+    assert {**first.losses, **resumed.losses} == straight.losses
+    assert not set(first.losses) & set(resumed.losses), "batches were replayed after resume"
+    assert {**first_log.logged, **resumed_log.logged} == straight_log.logged
+    assert sorted(straight_log.logged) == list(range(1, TOTAL_STEPS + 1))
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    assert lr == straight_trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def test_checkpoint_directory_layout(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    module, trainer, _ = run_fit(tmp_path, 3, every_n_train_steps=3)
+    ckpt = tmp_path / "ckpts" / "epoch=0-step=3"
+    names = set(os.listdir(ckpt))
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "extra_state.json", "hparams.json", "manifest.json"} <= names
+    assert "random_states_0.safetensors" in names and "dataloaders.json" in names
+    plain = ResumeNet()
+    plain.load_state_dict(load_file(str(ckpt / "model.safetensors")))  # the unwrapped model's keys
+    assert_same_weights(plain, module)
+    extra = json.loads((ckpt / "extra_state.json").read_text())
+    assert extra["global_step"] == 3 and extra["epoch"] == 0
+    assert extra["loops"]["fit_loop"]["batches_done_in_epoch"] == 6
+    assert extra["hyper_parameters"] == {"hidden": 16, "lr": 0.05}
+    assert json.loads((ckpt / "hparams.json").read_text()) == {"hidden": 16, "lr": 0.05}
+    assert json.loads((tmp_path / "ckpts" / "last.json").read_text())["last"] == "epoch=0-step=3"
+    loaded = ResumeNet.load_from_checkpoint(ckpt)
+    assert_same_weights(loaded, module)
+
+
+class HookedNet(ResumeNet):
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["vocab"] = ["a", "b"]
+        checkpoint["seen"] = torch.tensor(3)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.restored = (checkpoint["vocab"], checkpoint["seen"], checkpoint["global_step"])
+
+
+class CountingCallback(Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.batches += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batches = state_dict["batches"]
+
+
+def test_hooks_and_callback_state_round_trip(tmp_path: Path) -> None:
+    counter = CountingCallback()
+    trainer = Trainer(max_steps=4, accumulate_grad_batches=2, callbacks=[counter], log_with=None, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, project_dir=str(tmp_path))
+    trainer.fit(HookedNet(), make_loader())
+    path = trainer.save_checkpoint(tmp_path / "manual")
+    assert json.loads((path / "extra_state.json").read_text())["seen"] == 3
+    again, module = CountingCallback(), HookedNet()
+    trainer = Trainer(max_steps=5, accumulate_grad_batches=2, callbacks=[again], log_with=None, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, project_dir=str(tmp_path))
+    trainer.fit(module, make_loader(), ckpt_path=str(path))
+    assert module.restored == (["a", "b"], 3, 4)
+    assert again.batches == 8 + 2  # 8 batches before the checkpoint, 2 more for step 5
+
+
+class BadHookNet(ResumeNet):
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["weights"] = torch.zeros(3)
+
+
+def test_non_json_checkpoint_entries_are_rejected(tmp_path: Path) -> None:
+    trainer = Trainer(max_steps=1, log_with=None, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, project_dir=str(tmp_path))
+    trainer.fit(BadHookNet(), make_loader())
+    with pytest.raises(TypeError, match=r"checkpoint\['weights'\] is a Tensor"):
+        trainer.save_checkpoint(tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_ckpt_path_last_without_checkpoints_starts_fresh(tmp_path: Path) -> None:
+    module, trainer, _ = run_fit(tmp_path, 2, ckpt_path="last", every_n_train_steps=5)
+    assert trainer.global_step == 2
+
+
+def test_ckpt_path_errors(tmp_path: Path) -> None:
+    trainer = Trainer(max_steps=1, log_with=None, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, project_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        trainer.fit(ResumeNet(), make_loader(), ckpt_path=str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        trainer.fit(ResumeNet(), make_loader(), ckpt_path=str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="ckpt_path='best'"):
+        trainer.fit(ResumeNet(), make_loader(), ckpt_path="best")

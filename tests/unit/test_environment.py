@@ -1,0 +1,66 @@
+import pytest
+
+import strategies
+from strategies.environment import detect_environment, process_group_timeout
+
+
+def test_no_environment_is_single_process():
+    env = detect_environment({})
+    assert env.world_size == 1 and not env.is_distributed and env.source == "none"
+
+
+def test_torchrun_variables():
+    env = detect_environment({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+                              "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"})
+    assert (env.world_size, env.rank, env.local_rank, env.local_world_size, env.master_port, env.source) == (4, 1, 1, 2, 1234, "torchrun")
+
+
+def test_our_launcher_is_named():
+    env = detect_environment({"RANK": "0", "WORLD_SIZE": "2", "TRAINWRIGHT_LAUNCHED": "1"})
+    assert env.source == "trainwright" and env.world_size == 2
+
+
+def test_slurm():
+    env = detect_environment({"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+                              "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODELIST": "gpu[07-08]", "SLURM_JOB_NAME": "train"})
+    assert (env.world_size, env.rank, env.local_rank, env.node_rank, env.master_addr, env.source) == (8, 5, 1, 2, "gpu07", "slurm")
+
+
+def test_openmpi_and_pmi():
+    ompi = detect_environment({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
+    assert (ompi.world_size, ompi.rank, ompi.source) == (2, 1, "openmpi")
+    pmi = detect_environment({"PMI_SIZE": "3", "PMI_RANK": "2"})
+    assert (pmi.world_size, pmi.rank, pmi.source) == (3, 2, "pmi")
+
+
+def test_bad_integer_is_named():
+    with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
+        detect_environment({"RANK": "0", "WORLD_SIZE": "two"})
+
+
+def test_single_strategy_refuses_a_distributed_environment():
+    cluster = detect_environment({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(RuntimeError, match="cannot run the 2 processes"):
+        strategies.resolve_strategy("single", cluster=cluster, cpu=True)
+
+
+def test_auto_picks_ddp_when_distributed():
+    cluster = detect_environment({"RANK": "0", "WORLD_SIZE": "2"})
+    assert isinstance(strategies.resolve_strategy("auto", cluster=cluster, cpu=True), strategies.DDPStrategy)
+    assert isinstance(strategies.resolve_strategy("auto", cpu=True), strategies.SingleDeviceStrategy)
+
+
+def test_unknown_and_unavailable_strategies():
+    with pytest.raises(ValueError, match="strategy='dpp' is not known"):
+        strategies.resolve_strategy("dpp")
+    with pytest.raises(NotImplementedError, match="deepspeed"):
+        strategies.resolve_strategy("deepspeed")
+
+
+def test_timeout(monkeypatch):
+    assert process_group_timeout() == 300
+    monkeypatch.setenv("TRAINWRIGHT_PG_TIMEOUT", "12")
+    assert process_group_timeout() == 12
+    assert process_group_timeout(5) == 5
+    with pytest.raises(ValueError, match="positive"):
+        process_group_timeout(0)

@@ -1,0 +1,233 @@
+"""The full hook order of a `Trainer.fit` with validation, and hook dispatch rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.base import Callback
+from callbacks.events import ALL_EVENTS
+from trainer.dispatch import HookDispatcher, order_callbacks
+from trainer.module import TrainModule
+from trainer.trainer import Trainer
+
+MODULE_HOOKS = [e for e in ALL_EVENTS if e not in ("on_log_metrics", "on_exception")]
+
+
+def _recording_module_hook(name: str) -> Any:
+    def hook(self: Any, *args: Any) -> None:
+        self.calls.append(f"module.{name}")
+
+    return hook
+
+
+def _recording_callback_hook(name: str) -> Any:
+    def hook(self: Any, trainer: Any, module: Any, *args: Any) -> None:
+        self.calls.append(f"{self.tag}.{name}")
+
+    return hook
+
+
+class RecordingModule(TrainModule):
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+        self.layer = torch.nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.calls.append("module.training_step")
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("loss", loss, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.calls.append("module.validation_step")
+        self.log("val", self.layer(batch[0]).mean())
+
+    def configure_optimizers(self) -> Any:
+        self.calls.append("module.configure_optimizers")
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class RecordingCallback(Callback):
+    def __init__(self, calls: list[str], tag: str = "cb") -> None:
+        self.calls, self.tag = calls, tag
+
+
+class LastCallback(RecordingCallback):
+    _runs_last = True
+
+
+for _event in MODULE_HOOKS:
+    setattr(RecordingModule, _event, _recording_module_hook(_event))
+for _event in ALL_EVENTS:
+    setattr(RecordingCallback, _event, _recording_callback_hook(_event))
+
+BATCH = ["on_train_batch_start", "training_step", "on_before_backward", "on_after_backward",
+         "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end"]
+
+
+def _both(*events: str) -> list[str]:
+    out = []
+    for e in events:
+        out += [f"module.{e}"] if e.endswith("_step") or e == "configure_optimizers" else [f"module.{e}", f"cb.{e}"]
+    return out
+
+
+def _val_loop(batches: int) -> list[str]:
+    out = _both("on_validation_start", "on_validation_epoch_start")
+    for _ in range(batches):
+        out += _both("on_validation_batch_start", "validation_step", "on_validation_batch_end")
+    return out + _both("on_validation_epoch_end")
+
+
+EXPECTED_FIT = [
+    "module.setup", "cb.setup",
+    "module.configure_optimizers",
+    "module.on_fit_start", "cb.on_fit_start",
+    "module.on_sanity_check_start", "cb.on_sanity_check_start",
+    "module.on_validation_start", "cb.on_validation_start",
+    "module.on_validation_epoch_start", "cb.on_validation_epoch_start",
+    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
+    "module.on_validation_batch_end", "cb.on_validation_batch_end",
+    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
+    "module.on_validation_batch_end", "cb.on_validation_batch_end",
+    "module.on_validation_epoch_end", "cb.on_validation_epoch_end",
+    "module.on_validation_end", "cb.on_validation_end",
+    "module.on_sanity_check_end", "cb.on_sanity_check_end",
+    "module.on_train_start", "cb.on_train_start",
+    # epoch 0
+    "module.on_train_epoch_start", "cb.on_train_epoch_start",
+    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
+    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
+    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
+    "module.on_train_batch_end", "cb.on_train_batch_end",
+    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
+    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
+    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
+    "module.on_train_batch_end", "cb.on_train_batch_end",
+    "module.on_validation_start", "cb.on_validation_start",
+    "module.on_validation_epoch_start", "cb.on_validation_epoch_start",
+    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
+    "module.on_validation_batch_end", "cb.on_validation_batch_end",
+    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
+    "module.on_validation_batch_end", "cb.on_validation_batch_end",
+    "module.on_validation_epoch_end", "cb.on_validation_epoch_end", "cb.on_log_metrics",
+    "module.on_validation_end", "cb.on_validation_end",
+    "module.on_train_epoch_end", "cb.on_train_epoch_end", "cb.on_log_metrics",
+    # epoch 1
+    "module.on_train_epoch_start", "cb.on_train_epoch_start",
+    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
+    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
+    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
+    "module.on_train_batch_end", "cb.on_train_batch_end",
+    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
+    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
+    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
+    "module.on_train_batch_end", "cb.on_train_batch_end",
+    "module.on_validation_start", "cb.on_validation_start",
+    "module.on_validation_epoch_start", "cb.on_validation_epoch_start",
+    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
+    "module.on_validation_batch_end", "cb.on_validation_batch_end",
+    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
+    "module.on_validation_batch_end", "cb.on_validation_batch_end",
+    "module.on_validation_epoch_end", "cb.on_validation_epoch_end", "cb.on_log_metrics",
+    "module.on_validation_end", "cb.on_validation_end",
+    "module.on_train_epoch_end", "cb.on_train_epoch_end", "cb.on_log_metrics",
+    "module.on_train_end", "cb.on_train_end",
+    "module.on_fit_end", "cb.on_fit_end",
+    "module.teardown", "cb.teardown",
+]
+
+
+def _loader(n: int = 4, batch_size: int = 2) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(n, 2)), batch_size=batch_size)
+
+
+def _trainer(tmp_path: Any, **kwargs: Any) -> Trainer:
+    defaults: dict[str, Any] = dict(log_with=None, project_dir=tmp_path, enable_progress_bar=False,
+                                    enable_model_summary=False, enable_checkpointing=False)
+    return Trainer(**{**defaults, **kwargs})
+
+
+def test_fit_hook_order_matches_the_literal_list(tmp_path: Any) -> None:
+    calls: list[str] = []
+    trainer = _trainer(tmp_path, max_epochs=2, callbacks=[RecordingCallback(calls)])
+    trainer.fit(RecordingModule(calls), _loader(), _loader())
+    assert calls == EXPECTED_FIT
+    assert trainer.global_step == 4 and trainer.current_epoch == 2
+
+
+def test_test_and_predict_hook_order(tmp_path: Any) -> None:
+    calls: list[str] = []
+    module = RecordingModule(calls)
+    module.test_step = lambda batch, idx: calls.append("module.test_step")  # type: ignore[method-assign]
+    trainer = _trainer(tmp_path, callbacks=[RecordingCallback(calls)])
+    trainer.test(module, _loader(2))
+    assert calls == _both("setup", "on_test_start", "on_test_epoch_start", "on_test_batch_start") + [
+        "module.test_step"] + _both("on_test_batch_end", "on_test_epoch_end", "on_test_end", "teardown")
+    calls.clear()
+    trainer.predict(module, _loader(2))
+    assert calls == _both("setup", "on_predict_start", "on_predict_epoch_start", "on_predict_batch_start",
+                          "on_predict_batch_end", "on_predict_epoch_end", "on_predict_end", "teardown")
+
+
+def test_runs_last_callbacks_come_after_the_others(tmp_path: Any) -> None:
+    calls: list[str] = []
+    last, first = LastCallback(calls, "last"), RecordingCallback(calls, "first")
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[last, first], num_sanity_val_steps=0)
+    assert trainer.callbacks == [first, last]
+    trainer.fit(RecordingModule(calls), _loader(2, 2))
+    end = [c for c in calls if c.endswith("on_train_epoch_end")]
+    assert end == ["module.on_train_epoch_end", "first.on_train_epoch_end", "last.on_train_epoch_end"]
+
+
+class OnlyEpochEnd(Callback):
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        self.seen += 1
+
+
+def test_dispatch_skips_objects_that_do_not_override() -> None:
+    module = TrainModule()
+    cb = OnlyEpochEnd()
+    dispatch = HookDispatcher(module, TrainModule, order_callbacks([cb]), owner=None)
+    assert not dispatch.has("on_train_batch_start")
+    assert dispatch.has("on_train_epoch_end")
+    dispatch.call("on_train_epoch_end")
+    assert cb.seen == 1
+
+
+class Broken(Callback):
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        raise KeyError("boom")
+
+
+class SawException(Callback):
+    def __init__(self) -> None:
+        self.exceptions: list[BaseException] = []
+        self.torn_down = False
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        self.exceptions.append(exception)
+
+    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+        self.torn_down = True
+
+
+def test_callback_exception_gets_a_note_and_on_exception_fires(tmp_path: Any) -> None:
+    watcher = SawException()
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[Broken(), watcher])
+    with pytest.raises(KeyError) as info:
+        trainer.fit(RecordingModule([]), _loader())
+    assert "raised in callback Broken.on_train_start" in getattr(info.value, "__notes__", [])
+    assert watcher.exceptions == [info.value]
+    assert watcher.torn_down

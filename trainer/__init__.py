@@ -1,0 +1,47 @@
+"""Trainwright: a PyTorch training framework with two faces over one core.
+
+* ``Trainer`` + ``TrainModule`` — the Lightning-style face.
+* ``Accelerator`` — the Accelerate-style face: keep your loop.
+
+Names are imported on first use so that ``import trainer`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Accelerator": "trainer.accelerator",
+    "ProjectConfiguration": "trainer.config",
+    "DataLoaderConfiguration": "trainer.config",
+    "GradientAccumulationPlugin": "trainer.config",
+    "DistributedType": "trainer.config",
+    "DistributedDataParallelKwargs": "trainer.config",
+    "DDPKwargs": "trainer.config",
+    "Trainer": "trainer.trainer",
+    "TrainModule": "trainer.module",
+    "LoggerType": "callbacks.trackers",
+    "GeneralTracker": "callbacks.trackers",
+    "notebook_launcher": "trainer.launchers",
+    "debug_launcher": "trainer.launchers",
+    "set_seed": "trainer.utils",
+    "Callback": "callbacks.base",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,546 @@
+"""The `Accelerator` face: keep your own loop, let a strategy do the distributed work.
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+Written to be a drop-in for Hugging Face Accelerate's ``Accelerator``: the same names, arguments and
+semantics, without its traps (silent single-process CPU runs, ignored ``split_batches``, hangs on
+unequal gathers, an inexact resume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch import nn
+
+from strategies import Strategy, resolve_strategy
+from strategies import collectives
+from strategies.environment import detect_environment, env_flag, env_setting
+from strategies.precision import normalize_precision
+from trainer import accelerator_state
+from trainer.config import DataLoaderConfiguration, DDPKwargs, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
+from trainer.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
+
+_UNSET: Any = object()
+
+
+class Accelerator:
+    """One object for device placement, distributed data, mixed precision, accumulation and checkpoints.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` (also ``"32"``, ``"16-mixed"``, ``"bf16-mixed"``);
+            default from ``TRAINWRIGHT_MIXED_PRECISION``, else ``"no"``.
+        gradient_accumulation_steps: optimizer steps happen every this many batches.
+        split_batches: split each global batch across processes instead of giving each rank a full batch.
+        even_batches: complete the last batches by wrapping around so every rank gets as many batches.
+        dataloader_config: a `DataLoaderConfiguration` (its flags win over the two above).
+        device_placement: move models and batches to the device.
+        rng_types: accepted for compatibility; shuffling is always seeded identically on every rank.
+        cpu: force CPU even when an accelerator is present.
+        strategy: ``"auto"``, ``"single"``, ``"ddp"`` or a `Strategy`.
+        log_with: tracker name(s), `LoggerType`, tracker instances, or ``"all"``.
+        project_dir / project_config: where checkpoints and logs go.
+        gradient_accumulation_plugin: a `GradientAccumulationPlugin` (instead of the step count).
+        step_scheduler_with_optimizer: step prepared schedulers only when the optimizer really stepped.
+        process_group_timeout: seconds a collective may wait for a missing rank before failing the job.
+        kwargs_handlers: `DDPKwargs` objects (Accelerate's ``DistributedDataParallelKwargs``).
+    """
+
+    def __init__(
+        self,
+        *,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        split_batches: bool = _UNSET,
+        even_batches: bool = _UNSET,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        device_placement: bool = True,
+        rng_types: list[str] | None = None,
+        cpu: bool | None = None,
+        strategy: str | Strategy | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        process_group_timeout: float | None = None,
+        kwargs_handlers: list[Any] | None = None,
+    ) -> None:
+        mixed_precision = normalize_precision(mixed_precision or env_setting("MIXED_PRECISION", "no"))
+        cpu = bool(env_flag("CPU")) if cpu is None else bool(cpu)
+        self.gradient_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not _UNSET:
+            self.dataloader_config.split_batches = bool(split_batches)
+        if even_batches is not _UNSET:
+            self.dataloader_config.even_batches = bool(even_batches)
+        self.project_configuration = project_config or ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
+        if project_dir is not None and project_config is not None:
+            self.project_configuration.set_directories(project_dir)
+        ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
+        self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
+        self.strategy.setup_environment()
+        self.device_placement = device_placement
+        self.rng_types = rng_types
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.step = 0
+        self.sync_gradients = True
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[nn.Module] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+        self._data_seed: int | None = self.dataloader_config.data_seed
+        self._log_with = log_with
+        self._trackers: Any = None
+        if log_with is not None:
+            self._tracker_hub()  # validate names now, not after an hour of training
+
+    # properties ---------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.device
+
+    @property
+    def process_index(self) -> int:
+        return self.strategy.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.num_processes == 1:
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.strategy.precision.mode
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.strategy.precision.scaler
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_plugin.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_plugin = GradientAccumulationPlugin(num_steps=value)
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    # prepare ------------------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders, in any order; returned in the same order."""
+        if device_placement is not None and len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries but prepare got {len(args)} objects; give one per object")
+        placements = device_placement or [self.device_placement] * len(args)
+        # Models first: optimizers must see the parameters after they moved to the device.
+        out: list[Any] = list(args)
+        for i, obj in enumerate(args):
+            if isinstance(obj, nn.Module):
+                out[i] = self.prepare_model(obj, device_placement=placements[i])
+        for i, obj in enumerate(args):
+            if isinstance(obj, torch.optim.Optimizer):
+                out[i] = self.prepare_optimizer(obj)
+        for i, obj in enumerate(args):
+            if _is_scheduler(obj):
+                out[i] = self.prepare_scheduler(obj)
+            elif isinstance(obj, torch.utils.data.DataLoader):
+                out[i] = self.prepare_data_loader(obj, device_placement=placements[i])
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
+        if device_placement is False:
+            model = model  # user placed it
+        if evaluation_mode or not self.use_distributed:
+            model = model.to(self.device) if device_placement is not False else model
+        else:
+            model = self.strategy.setup_module(model)
+        if self.strategy.precision.dtype is not None:
+            autocast_forward(model, self.autocast)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
+        if isinstance(optimizer, PreparedOptimizer):
+            return optimizer
+        _move_optimizer_state(optimizer, self.device)
+        prepared = PreparedOptimizer(self.strategy.setup_optimizer(optimizer), self)
+        self._optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+        if isinstance(scheduler, PreparedScheduler):
+            return scheduler
+        prepared = PreparedScheduler(scheduler, self, [o for o in self._optimizers if o.optimizer is scheduler.optimizer])
+        self._schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
+        from strategies.data import DataLoaderShard, prepare_data_loader
+
+        if isinstance(data_loader, DataLoaderShard):
+            return data_loader
+        if self._data_seed is None:
+            # Every rank must shuffle with the same seed: draw it on rank 0 (from torch's seeded RNG) and share it.
+            seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+            self._data_seed = int(self.strategy.broadcast_object(seed, 0))
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+            put_on_device=self.device_placement if device_placement is None else device_placement,
+            non_blocking=self.dataloader_config.non_blocking,
+            seed=self._data_seed,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    # training -----------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` with loss scaling and division by the accumulation steps."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        self.strategy.backward(loss, **kwargs)
+
+    def _active_dataloader(self) -> Any:
+        for loader in reversed(self._dataloaders):
+            if getattr(loader, "end_of_dataloader", False):
+                return loader
+        return None
+
+    def _do_sync(self) -> None:
+        self.step += 1
+        at_end = self.gradient_plugin.sync_with_dataloader and self._active_dataloader() is not None
+        self.sync_gradients = at_end or self.step % self.gradient_accumulation_steps == 0 or self.gradient_plugin.sync_each_batch
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """Accumulate gradients: inside, gradient sync and optimizer steps happen only on boundaries."""
+        self._do_sync()
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        """Skip DDP gradient sync in the block (gradients still accumulate locally)."""
+        return self.strategy.no_sync(model)
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        yield
+
+    def autocast(self, autocast_handler: Any = None) -> ContextManager[Any]:
+        """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``)."""
+        return self.strategy.precision.autocast()
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        targets = self._optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
+        for opt in targets:
+            self.strategy.precision.unscale(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """Unscale (fp16), then clip the gradient norm; returns the total norm before clipping."""
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale (fp16), then clamp every gradient to ``[-clip_value, clip_value]``."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def set_trigger(self) -> None:
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        flag = torch.tensor(0 if self.flag_tensor is None else 1, device=self.device)
+        triggered = bool(self.reduce(flag, "sum").item() > 0)
+        self.flag_tensor = None
+        return triggered
+
+    # collectives --------------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Gather tensors (nested structures too) from every process, concatenated along dim 0."""
+        return self.strategy.all_gather(tensor)
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        return self.strategy.all_gather_object(obj)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, then drop the wrap-around duplicates of the last batch so each sample counts once."""
+        all_tensors = _only_tensors(input_data)
+        data = self.gather(input_data) if all_tensors and not use_gather_object else self.gather_object(input_data)
+        loader = self._active_dataloader()
+        remainder = getattr(loader, "remainder", -1) if loader is not None else -1
+        if remainder is None or remainder < 0:
+            return data
+        if all_tensors and not use_gather_object:
+            return collectives.apply_to_tensors(lambda t: t[:remainder], data)
+        return data[:remainder]
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        return self.strategy.broadcast(tensor, from_process)
+
+    def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
+        return self.strategy.broadcast_object(obj, from_process)
+
+    def wait_for_everyone(self) -> None:
+        self.strategy.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others."""
+        if not self.is_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_main_process:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        if not self.is_local_main_process:
+            self.wait_for_everyone()
+        yield
+        if self.is_local_main_process:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run `function` on the main process only."""
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_main_process else None
+        return wrapper
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run `function` on the main process of each node only."""
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_local_main_process else None
+        return wrapper
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.process_index == process_index else None
+        return wrapper
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # models and checkpoints ---------------------------------------------------------------------------
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        return self.strategy.unwrap_module(model)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        return self.strategy.module_state_dict(model)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save `obj` on the main process (safetensors for a state dict when ``safe_serialization``)."""
+        if not self.is_main_process:
+            return
+        from trainer.checkpoint_io import save_safetensors, torch_save
+
+        (save_safetensors if safe_serialization else torch_save)(obj, Path(f))
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+        """Save the unwrapped weights (safetensors), sharded by `max_shard_size` with an index file."""
+        from trainer.checkpoint_io import save_model_weights
+
+        state = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_weights(state, Path(save_directory), max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+        self.wait_for_everyone()
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects (anything with ``state_dict``/``load_state_dict``) in `save_state`."""
+        bad = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
+        if bad:
+            raise TypeError(f"objects {bad!r} have no state_dict()/load_state_dict(); only such objects can be registered for checkpointing")
+        self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None) -> str:
+        """Save everything needed to resume exactly; see `trainer.accelerator_state.save_state`."""
+        return accelerator_state.save_state(self, output_dir, extra_state=extra_state)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Restore what `save_state` wrote; returns its ``extra_state``. No path: the newest automatic checkpoint."""
+        return accelerator_state.load_state(self, input_dir, **kwargs)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that starts `num_batches` into `dataloader`, skipping at the batch-sampler level."""
+        from strategies.data import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches)
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop references to prepared objects and empty device caches."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [None for _ in objects]
+
+    clear = free_memory
+
+    # trackers -----------------------------------------------------------------------------------------
+    def _tracker_hub(self) -> Any:
+        if self._trackers is None:
+            from callbacks.trackers import TrackerHub
+
+            self._trackers = TrackerHub(self._log_with, project_dir=self.logging_dir, is_main_process=self.is_main_process)
+        return self._trackers
+
+    @property
+    def trackers(self) -> list[Any]:
+        return [] if self._trackers is None else list(self._trackers.trackers)
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+        """Start the trackers named in ``log_with`` and store `config` as the run's hyperparameters."""
+        self._tracker_hub().init(project_name, config=config, init_kwargs=init_kwargs)
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Log `values` to every tracker (main process only)."""
+        if self._trackers is not None:
+            self._trackers.log(values, step=step, log_kwargs=log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        return self._tracker_hub().get(name, unwrap=unwrap)
+
+    def end_training(self) -> None:
+        """Finish the trackers and wait for every process."""
+        if self._trackers is not None:
+            self._trackers.finish()
+        self.wait_for_everyone()
+
+    def teardown(self) -> None:
+        """Destroy the process group this accelerator created."""
+        self.strategy.teardown()
+
+    def __repr__(self) -> str:
+        return f"Accelerator(strategy={self.strategy!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
+
+
+def _accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
+    if plugin is not None and steps not in (None, 1):
+        raise ValueError("pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+    if plugin is not None:
+        return plugin
+    if steps is None:
+        raw = env_setting("GRADIENT_ACCUMULATION_STEPS", "1")
+        try:
+            steps = int(raw)  # type: ignore[arg-type]
+        except ValueError:
+            raise ValueError(f"TRAINWRIGHT_GRADIENT_ACCUMULATION_STEPS={raw!r} is not an int; set it to e.g. 4") from None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps={steps!r} must be an int >= 1")
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+def _build_strategy(strategy: str | Strategy | None, *, cpu: bool, precision: str, timeout: float | None, ddp: DDPKwargs | None) -> Strategy:
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = strategy or env_setting("STRATEGY", "auto")
+    cluster = detect_environment()
+    kwargs: dict[str, Any] = {"cluster": cluster, "cpu": cpu, "precision": precision, "timeout": timeout}
+    resolved = "ddp" if name == "auto" and cluster.is_distributed else name
+    if ddp is not None and resolved == "ddp":
+        kwargs.update(find_unused_parameters=ddp.find_unused_parameters, static_graph=ddp.static_graph,
+                      bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
+    return resolve_strategy(name, **kwargs)
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return len(data) > 0 and all(_only_tensors(x) for x in data)
+    if isinstance(data, dict):
+        return len(data) > 0 and all(_only_tensors(v) for v in data.values())
+    return False
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
+                state[key] = value.to(device)

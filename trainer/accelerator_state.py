@@ -1,0 +1,151 @@
+"""`save_state` / `load_state`: everything needed to resume a run exactly.
+
+Every rank takes part. Rank 0 writes the shared parts (weights, optimizers, schedulers, scaler, data
+positions, registered objects, extra state) into a hidden staging directory; each rank writes its own RNG
+states there; then rank 0 writes the completion marker, flushes and renames the directory into place. A
+crash at any point leaves the previous checkpoint untouched, and an incomplete one is never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trainer import checkpoint_io as io
+
+_NUMBERED = re.compile(r"^checkpoint_(\d+)$")
+
+
+def _indexed(name: str, i: int, ext: str) -> str:
+    return f"{name}.{ext}" if i == 0 else f"{name}_{i}.{ext}"
+
+
+def _automatic_dir(accelerator: Any) -> Path:
+    config = accelerator.project_configuration
+    return Path(config.project_dir) / "checkpoints"
+
+
+def numbered_checkpoints(folder: Path) -> list[Path]:
+    """Complete ``checkpoint_<n>`` directories in `folder`, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NUMBERED.match(p.name)) and io.is_complete(p)]
+    return [p for _, p in sorted(found)]
+
+
+def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, *, extra_state: dict[str, Any] | None = None) -> str:
+    """Write a checkpoint directory and return its path (see the module docstring)."""
+    config = accelerator.project_configuration
+    if config.automatic_checkpoint_naming:
+        if output_dir is not None:
+            raise ValueError("automatic_checkpoint_naming=True chooses the directory itself; call save_state() without output_dir")
+        folder = _automatic_dir(accelerator)
+        final = folder / f"checkpoint_{config.iteration}"
+        if final.exists():
+            raise FileExistsError(
+                f"checkpoint directory {str(final)!r} already exists; set ProjectConfiguration(iteration=...) past it "
+                "or call load_state() first, which restores the counter"
+            )
+    elif output_dir is None:
+        raise ValueError("save_state() needs an output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
+    else:
+        final = Path(output_dir)
+    strategy = accelerator.strategy
+    main = accelerator.is_main_process
+    # Everything that needs a collective (gathering full state dicts) runs on all ranks first.
+    model_states = [strategy.module_state_dict(m) for m in accelerator._models]
+    tmp = io.staging_dir(final)
+    if main:
+        io.begin_atomic_dir(final)
+    accelerator.wait_for_everyone()
+    tmp.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
+    io.save_rng_state(tmp / f"random_states_{accelerator.process_index}.safetensors")
+    if main:
+        _write_shared(accelerator, tmp, model_states, extra_state)
+    accelerator.wait_for_everyone()
+    if main:
+        manifest = {"num_processes": accelerator.num_processes, "models": len(model_states),
+                    "optimizers": len(accelerator._optimizers), "schedulers": len(accelerator._schedulers)}
+        io.commit_atomic_dir(tmp, final, manifest)
+        if config.automatic_checkpoint_naming and config.total_limit is not None:
+            for old in numbered_checkpoints(final.parent)[: -config.total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if config.automatic_checkpoint_naming:
+        config.iteration += 1
+    return str(final)
+
+
+def _write_shared(accelerator: Any, tmp: Path, model_states: list[dict[str, Any]], extra_state: dict[str, Any] | None) -> None:
+    for i, state in enumerate(model_states):
+        io.save_safetensors(state, tmp / _indexed("model", i, "safetensors"))
+    for i, opt in enumerate(accelerator._optimizers):
+        io.torch_save(opt.state_dict(), tmp / _indexed("optimizer", i, "bin"))
+    for i, sched in enumerate(accelerator._schedulers):
+        io.torch_save(sched.state_dict(), tmp / _indexed("scheduler", i, "bin"))
+    scaler = accelerator.strategy.precision.state_dict()
+    if scaler:
+        io.torch_save(scaler, tmp / "scaler.bin")
+    for i, obj in enumerate(accelerator._custom_objects):
+        io.torch_save(obj.state_dict(), tmp / f"custom_checkpoint_{i}.bin")
+    loaders = [loader.state_dict() for loader in accelerator._dataloaders if hasattr(loader, "state_dict")]
+    io.write_json(tmp / "dataloaders.json", {"dataloaders": loaders, "data_seed": accelerator._data_seed, "step": accelerator.step})
+    io.write_json(tmp / "extra_state.json", extra_state or {})
+
+
+def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Path:
+    if input_dir is not None:
+        return Path(input_dir)
+    config = accelerator.project_configuration
+    if config.project_dir is None:
+        raise ValueError("load_state() without a path needs ProjectConfiguration(project_dir=...) to find the newest checkpoint")
+    found = numbered_checkpoints(_automatic_dir(accelerator))
+    if not found:
+        raise FileNotFoundError(f"no complete checkpoint_<n> directory under {str(_automatic_dir(accelerator))!r}; save_state() first")
+    return found[-1]
+
+
+def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, strict: bool = True, **_: Any) -> dict[str, Any]:
+    """Restore a directory written by `save_state`; returns its ``extra_state``.
+
+    Loads only safetensors, JSON and ``torch.load(weights_only=True)`` data, so a tampered checkpoint is
+    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed.
+    """
+    path = resolve_load_dir(accelerator, input_dir)
+    manifest = io.check_complete(path)
+    for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
+        if manifest.get(kind, len(have)) != len(have):
+            raise ValueError(
+                f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
+                "prepare the same objects as when it was saved"
+            )
+    device = accelerator.device
+    for i, model in enumerate(accelerator._models):
+        accelerator.strategy.load_module_state_dict(model, io.load_safetensors(path / _indexed("model", i, "safetensors")), strict=strict)
+    for i, opt in enumerate(accelerator._optimizers):
+        opt.load_state_dict(io.torch_load(path / _indexed("optimizer", i, "bin"), map_location=device))
+    for i, sched in enumerate(accelerator._schedulers):
+        sched.load_state_dict(io.torch_load(path / _indexed("scheduler", i, "bin")))
+    if (path / "scaler.bin").exists():
+        accelerator.strategy.precision.load_state_dict(io.torch_load(path / "scaler.bin"))
+    for i, obj in enumerate(accelerator._custom_objects):
+        obj.load_state_dict(io.torch_load(path / f"custom_checkpoint_{i}.bin"))
+    data = io.read_json(path / "dataloaders.json")
+    accelerator._data_seed = data.get("data_seed", accelerator._data_seed)
+    accelerator.step = int(data.get("step", 0))
+    loaders = [loader for loader in accelerator._dataloaders if hasattr(loader, "load_state_dict")]
+    for loader, state in zip(loaders, data.get("dataloaders", [])):
+        loader.load_state_dict(state)
+    rng = path / f"random_states_{accelerator.process_index}.safetensors"
+    if rng.exists():
+        io.load_rng_state(rng)
+    config = accelerator.project_configuration
+    if config.automatic_checkpoint_naming and (m := _NUMBERED.match(path.name)):
+        config.iteration = int(m.group(1)) + 1
+    extra = io.read_json(path / "extra_state.json")
+    if not isinstance(extra, dict):
+        raise io.CheckpointError(f"{path / 'extra_state.json'} is not a JSON object; the checkpoint was tampered with")
+    return extra

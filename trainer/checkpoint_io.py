@@ -1,0 +1,257 @@
+"""Checkpoint files: written atomically, read without unpickling arbitrary objects.
+
+Layout of a state directory written by `Accelerator.save_state`::
+
+    model.safetensors / model_1.safetensors ...     unwrapped state_dict keys
+    optimizer.bin / optimizer_1.bin ...             torch.save, loaded with weights_only=True
+    scheduler.bin / scheduler_1.bin ...             torch.save, loaded with weights_only=True
+    scaler.bin                                      fp16 loss scaler (when used)
+    custom_checkpoint_0.bin ...                     objects given to register_for_checkpointing
+    random_states_<rank>.safetensors                torch/cuda RNG tensors; python/numpy states in its metadata
+    dataloaders.json, extra_state.json              JSON
+    checkpoint.json                                 written last: marks the directory complete
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+COMPLETE_MARKER = "checkpoint.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete, tampered with, or not a trainwright checkpoint."""
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file under `path` (and the directories) to disk."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(root))
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}; the checkpoint is damaged or was tampered with") from err
+
+
+def torch_save(obj: Any, path: Path) -> None:
+    torch.save(obj, path)
+
+
+def torch_load(path: Path, map_location: Any = "cpu") -> Any:
+    """`torch.load` that refuses anything but tensors and plain containers."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"refusing to load {path}: it holds objects other than tensors and plain containers ({err}). "
+            "The checkpoint is damaged or was tampered with; nothing in it was executed"
+        ) from err
+
+
+def dedupe_shared_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Clone tensors that share storage (tied weights) so safetensors can store every key."""
+    seen: set[tuple[int, int, int]] = set()
+    out = {}
+    for key, tensor in state.items():
+        tensor = tensor.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.nelement())
+        if ident in seen or not tensor.is_contiguous():
+            tensor = tensor.contiguous().clone()
+        seen.add(ident)
+        out[key] = tensor
+    return out
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    save_file(dedupe_shared_tensors(state), str(path), metadata=metadata or {"format": "pt"})
+
+
+def load_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path} as safetensors: {err}; the file is damaged or was tampered with") from err
+
+
+# RNG states -----------------------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every RNG of this process: python, numpy, torch, cuda. Tensors + JSON metadata, no pickle."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda_{i}"] = state
+    py_version, py_state, py_gauss = random.getstate()
+    np_state = np.random.get_state()
+    meta = {
+        "python": json.dumps([py_version, list(py_state), py_gauss]),
+        "numpy": json.dumps([np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]),
+    }
+    return tensors, meta
+
+
+def save_rng_state(path: Path) -> None:
+    tensors, meta = capture_rng_state()
+    save_safetensors(tensors, path, metadata=meta)
+
+
+def load_rng_state(path: Path) -> None:
+    from safetensors import safe_open
+
+    tensors = load_safetensors(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        py_version, py_state, py_gauss = json.loads(meta["python"])
+        np_state = json.loads(meta["numpy"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{path} lacks valid python/numpy RNG states ({err})") from err
+    random.setstate((py_version, tuple(py_state), py_gauss))
+    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), np_state[2], np_state[3], np_state[4]))
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("cuda_"))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+# Atomic directories -------------------------------------------------------------------------------------
+
+
+def staging_dir(final: Path) -> Path:
+    """The temporary sibling a checkpoint is written into before the rename."""
+    return final.parent / f".{final.name}.tmp"
+
+
+def begin_atomic_dir(final: Path) -> Path:
+    tmp = staging_dir(final)
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left over by a crash mid-save
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit_atomic_dir(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
+    """Write the completion marker, flush everything, and rename `tmp` into place."""
+    write_json(tmp / COMPLETE_MARKER, {"format_version": FORMAT_VERSION, **manifest})
+    fsync_tree(tmp)
+    if final.exists():
+        old = final.parent / f".{final.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+def check_complete(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist; pass the directory save_state wrote")
+    if not is_complete(path):
+        raise CheckpointError(
+            f"{str(path)!r} is not a complete checkpoint (no {COMPLETE_MARKER}); it was interrupted mid-save "
+            "or is not a trainwright checkpoint. Load an earlier checkpoint instead"
+        )
+    manifest = read_json(path / COMPLETE_MARKER)
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path / COMPLETE_MARKER} is not a JSON object; the checkpoint was tampered with")
+    return manifest
+
+
+def save_model_weights(
+    state: dict[str, torch.Tensor], directory: Path, *, max_shard_size: int | str = "10GB", safe_serialization: bool = True,
+    weights_name: str = "model.safetensors",
+) -> list[str]:
+    """Save a state dict, sharded by `max_shard_size` with a ``*.index.json`` when it does not fit one file."""
+    limit = parse_size(max_shard_size)
+    directory.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += nbytes
+    if not safe_serialization:
+        weights_name = weights_name.replace(".safetensors", ".bin")
+    stem, ext = weights_name.rsplit(".", 1)
+    names = [weights_name] if len(shards) == 1 else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.{ext}" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        if safe_serialization:
+            save_safetensors(shard, directory / name)
+        else:
+            torch_save(shard, directory / name)
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+            "weight_map": {key: name for name, shard in zip(names, shards) for key in shard},
+        }
+        write_json(directory / f"{weights_name}.index.json", index)
+    return names
+
+
+def parse_size(size: int | str) -> int:
+    """``"5GB"`` → bytes (also KB/MB/GB/TB, KiB/MiB/GiB); ints pass through."""
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"max_shard_size={size} must be positive")
+        return size
+    text = str(size).strip().upper()
+    units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3, "B": 1}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    raise ValueError(f"max_shard_size={size!r} is not a size; write it like '5GB', '500MB' or an int number of bytes")

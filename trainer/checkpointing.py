@@ -1,0 +1,419 @@
+"""Checkpoints of a `Trainer` run: save, verify, restore and find them.
+
+A checkpoint is a directory. The `Accelerator` writes the training state into it (model weights as
+safetensors with the unwrapped model's keys, optimizers, schedulers, scaler, dataloader positions, the RNG
+states of every rank, and ``extra_state.json``); this module adds the Trainer's part to ``extra_state`` (loop
+position, callback states, hyperparameters, additions from ``on_save_checkpoint`` hooks), an ``hparams.json``
+for `TrainModule.load_from_checkpoint`, and ``manifest.json``: the manifest (size and SHA-256 of every file)
+written last. A directory is *complete* when its manifest exists and matches its files.
+
+Crash safety: everything is written under a hidden ``.<name>.partial`` directory next to the target, flushed,
+then renamed into place, so a crash mid-save leaves earlier checkpoints untouched and never a half-written
+directory under a real name. Loading reads only safetensors, JSON and ``torch.load(weights_only=True)`` files
+(through the `Accelerator`), after the manifest check: a changed, added or missing file is refused before any
+of it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+FORMAT_NAME = "trainwright-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+HPARAMS_NAME = "hparams.json"
+LAST_POINTER_NAME = "last.json"
+_HASH_CHUNK = 1 << 22
+
+
+# --------------------------------------------------------------------------------------------- saving
+def save_checkpoint(trainer: Any, dirpath: str | os.PathLike[str]) -> Path:
+    """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically.
+
+    Every rank must call this (it is collective). An existing directory at `dirpath` is replaced only once
+    the new checkpoint is complete.
+
+    Args:
+        trainer: the `Trainer` (see the attributes contract in ``docs/checkpoints.md``).
+        dirpath: the checkpoint directory to create.
+
+    Returns:
+        The checkpoint directory.
+    """
+    target = Path(dirpath).absolute()
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"cannot save a checkpoint to {str(target)!r}: it is a file; pass a directory path")
+    accelerator = trainer.accelerator
+    extra_state = build_checkpoint_state(trainer)
+    hparams = extra_state.get("hyper_parameters") or {}
+    partial = target.parent / f".{target.name}.partial"
+    if accelerator.is_main_process:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if partial.exists():
+            shutil.rmtree(partial)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(partial), extra_state=extra_state)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _write_json_durably(partial / HPARAMS_NAME, hparams)
+        meta = {
+            "global_step": int(trainer.global_step),
+            "epoch": int(trainer.current_epoch),
+            "world_size": int(trainer.world_size),
+            "created": time.time(),
+        }
+        write_manifest(partial, meta)
+        _move_into_place(partial, target)
+    accelerator.wait_for_everyone()
+    return target
+
+
+def build_checkpoint_state(trainer: Any) -> dict[str, Any]:
+    """The Trainer's part of a checkpoint (JSON only), after the ``on_save_checkpoint`` hooks added theirs."""
+    module = trainer.lightning_module
+    callbacks = list(getattr(trainer, "callbacks", None) or [])
+    callback_states: dict[str, Any] = {}
+    for callback in callbacks:
+        state = callback.state_dict()
+        if state:
+            key = callback.state_key
+            if key in callback_states:
+                raise ValueError(
+                    f"two callbacks share the checkpoint key {key!r}; give them distinct `state_key` properties "
+                    "so their states can be told apart on resume"
+                )
+            callback_states[key] = state
+    checkpoint: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "epoch": int(trainer.current_epoch),
+        "global_step": int(trainer.global_step),
+        "loops": {"fit_loop": dict(getattr(trainer, "fit_loop_state", None) or {})},
+        "callbacks": callback_states,
+        "hyper_parameters": dict(getattr(module, "hparams", None) or {}),
+    }
+    _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint)
+    return to_json_safe(checkpoint, "checkpoint")
+
+
+def _call_checkpoint_hooks(trainer: Any, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any]) -> None:
+    """Call `name` on the module, then on the callbacks that override it (``_runs_last`` ones last)."""
+    from callbacks.base import Callback
+
+    hook = getattr(module, name, None)
+    if callable(hook):
+        hook(checkpoint)
+    ordered = [cb for cb in callbacks if not getattr(cb, "_runs_last", False)]
+    ordered += [cb for cb in callbacks if getattr(cb, "_runs_last", False)]
+    for callback in ordered:
+        if getattr(type(callback), name, None) is not getattr(Callback, name):
+            try:
+                getattr(callback, name)(trainer, module, checkpoint)
+            except Exception as err:
+                err.add_note(f"raised in callback {type(callback).__name__}.{name}")
+                raise
+
+
+def to_json_safe(value: Any, where: str) -> Any:
+    """Return `value` with 0-dim tensors / numpy scalars turned into numbers; raise if it is not JSON data.
+
+    Raises:
+        TypeError: naming the key path of the first value JSON cannot hold.
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"checkpoint key {where}[{key!r}] is a {type(key).__name__}; use str keys (JSON)")
+            out[key] = to_json_safe(item, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [to_json_safe(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        return to_json_safe(item(), where)
+    raise TypeError(
+        f"checkpoint value {where} is a {type(value).__name__}, which a checkpoint cannot hold: the Trainer's part "
+        "of a checkpoint is JSON (str, int, float, bool, None, lists, str-keyed dicts, 0-dim tensors); store "
+        "tensors in the module's state_dict instead, or leave the value out (e.g. save_hyperparameters(ignore=[...]))"
+    )
+
+
+def write_manifest(directory: Path, meta: dict[str, Any]) -> None:
+    """Write ``manifest.json`` (the completion marker) listing the size and SHA-256 of every file."""
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        if rel != MANIFEST_NAME:
+            files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "files": files}
+    _write_json_durably(directory / MANIFEST_NAME, manifest)
+
+
+def _move_into_place(partial: Path, target: Path) -> None:
+    """Rename the finished `partial` directory to `target`, replacing an older `target` only afterwards."""
+    _fsync_dir(partial)
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(target, old)
+    os.replace(partial, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json_durably(path: Path, data: Any) -> None:
+    """Write JSON to `path` through a temporary file, flushed and fsynced, then renamed over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- checking
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate ``manifest.json`` of `directory` (no file contents are checked).
+
+    Raises:
+        FileNotFoundError: `directory` does not exist.
+        ValueError: it is not a complete checkpoint directory.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(directory)!r} does not exist; pass a checkpoint directory or 'last'/'best'")
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise ValueError(
+            f"{str(directory)!r} is not a complete checkpoint: it has no {MANIFEST_NAME} (the file written last, so the "
+            "save was interrupted or this is not a checkpoint directory); pass a directory written by "
+            "Trainer.save_checkpoint or ModelCheckpoint, or ckpt_path='last'"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"checkpoint {str(directory)!r} has an unreadable {MANIFEST_NAME}: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME or not isinstance(manifest.get("files"), dict):
+        raise ValueError(f"{str(path)!r} is not a {FORMAT_NAME} manifest; the checkpoint is damaged or was not written by Trainwright")
+    if manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {str(directory)!r} has format version {manifest.get('format_version')}, newer than this "
+            f"Trainwright reads ({FORMAT_VERSION}); upgrade Trainwright to load it"
+        )
+    return manifest
+
+
+def verify_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check that every file of the checkpoint matches its manifest; return the manifest.
+
+    Raises:
+        ValueError: a file was changed, added or removed since the checkpoint was written.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    expected: dict[str, Any] = manifest["files"]
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {MANIFEST_NAME}
+    problems = [f"{name} is missing" for name in sorted(set(expected) - present)]
+    problems += [f"{name} was added" for name in sorted(present - set(expected))]
+    for name in sorted(present & set(expected)):
+        entry, path = expected[name], directory / name
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or _sha256(path) != entry.get("sha256"):
+            problems.append(f"{name} was modified")
+    if problems:
+        raise ValueError(
+            f"refusing to load checkpoint {str(directory)!r}: its files do not match its manifest ({'; '.join(problems)}). "
+            "It was damaged or tampered with after saving; load an intact checkpoint"
+        )
+    return manifest
+
+
+def is_complete_checkpoint(directory: str | os.PathLike[str]) -> bool:
+    """True when `directory` holds a finished checkpoint (its manifest exists and lists files that exist)."""
+    try:
+        manifest = read_manifest(directory)
+    except (OSError, ValueError):
+        return False
+    return all((Path(directory) / name).is_file() for name in manifest["files"])
+
+
+# --------------------------------------------------------------------------------------------- restoring
+def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
+    """Restore the full training state of `trainer` from the checkpoint directory `path`.
+
+    Restores (through the `Accelerator`) weights, optimizers, schedulers, scaler, dataloader positions and RNG
+    states, then the loop position into ``trainer.fit_loop_state``, each callback's state (by ``state_key``), and
+    calls the ``on_load_checkpoint`` hooks. Every rank must call it.
+
+    Raises:
+        ValueError: the checkpoint is incomplete, tampered with, or was written by a run with another world size.
+    """
+    directory = Path(path)
+    manifest = verify_checkpoint(directory)
+    saved_world = manifest.get("world_size")
+    if saved_world is not None and int(saved_world) != int(trainer.world_size):
+        raise ValueError(
+            f"checkpoint {str(directory)!r} was written by {saved_world} processes but this run has {trainer.world_size}; "
+            "resuming needs the same number of processes (per-rank RNG and data positions). To start a new run from "
+            "its weights use TrainModule.load_from_checkpoint(...) or load model.safetensors with safetensors"
+        )
+    checkpoint = trainer.accelerator.load_state(str(directory))
+    if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
+        raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
+    loop_state = checkpoint["loops"].get("fit_loop", {})
+    current = getattr(trainer, "fit_loop_state", None)
+    if isinstance(current, dict):
+        current.clear()
+        current.update(loop_state)
+    else:
+        trainer.fit_loop_state = dict(loop_state)
+    _restore_callback_states(trainer, checkpoint.get("callbacks") or {})
+    module = trainer.lightning_module
+    _call_checkpoint_hooks(trainer, module, list(getattr(trainer, "callbacks", None) or []), "on_load_checkpoint", checkpoint)
+
+
+def _restore_callback_states(trainer: Any, states: dict[str, Any]) -> None:
+    for callback in getattr(trainer, "callbacks", None) or []:
+        state = states.get(callback.state_key)
+        if state is not None:
+            callback.load_state_dict(state)
+
+
+def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The module hyperparameters saved with the checkpoint at `directory` (after the manifest check)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    entry = manifest["files"].get(HPARAMS_NAME)
+    path = directory / HPARAMS_NAME
+    if entry is None or not path.is_file() or _sha256(path) != entry.get("sha256"):
+        raise ValueError(f"checkpoint {str(directory)!r} has a missing or modified {HPARAMS_NAME}; load an intact checkpoint")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} does not hold a JSON object of hyperparameters")
+    return data
+
+
+# --------------------------------------------------------------------------------------------- finding
+def default_checkpoint_dir(trainer: Any) -> Path:
+    """``<project_dir>/checkpoints``: where checkpoints go unless `ModelCheckpoint(dirpath=...)` says otherwise."""
+    return Path(getattr(trainer, "project_dir", None) or ".").absolute() / "checkpoints"
+
+
+def write_last_pointer(dirpath: Path, checkpoint: Path) -> None:
+    """Make ``<dirpath>/last.json`` name `checkpoint` (a directory inside `dirpath`), atomically."""
+    _write_json_durably(dirpath / LAST_POINTER_NAME, {"format": FORMAT_NAME, "last": checkpoint.name})
+
+
+def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
+    """The checkpoint that ``<dirpath>/last.json`` names, if it is a complete checkpoint inside `dirpath`."""
+    dirpath = Path(dirpath)
+    try:
+        data = json.loads((dirpath / LAST_POINTER_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    name = data.get("last") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    candidate = dirpath / name
+    return candidate if is_complete_checkpoint(candidate) else None
+
+
+def find_last_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint in `dirpath`: the one ``last.json`` names, else the highest step saved."""
+    dirpath = Path(dirpath)
+    if not dirpath.is_dir():
+        return None
+    pointed = read_last_pointer(dirpath)
+    if pointed is not None:
+        return pointed
+    best: tuple[tuple[float, float], Path] | None = None
+    for child in dirpath.iterdir():
+        if child.name.startswith(".") or not child.is_dir() or not is_complete_checkpoint(child):
+            continue
+        manifest = read_manifest(child)
+        key = (float(manifest.get("global_step", -1)), float(manifest.get("created", 0.0)))
+        if best is None or key > best[0]:
+            best = (key, child)
+    return None if best is None else best[1]
+
+
+def resolve_ckpt_path(trainer: Any, ckpt_path: str | os.PathLike[str] | None) -> Path | None:
+    """Turn ``fit(ckpt_path=...)`` into a checkpoint directory.
+
+    Args:
+        trainer: the `Trainer`.
+        ckpt_path: None; ``"last"`` (the newest complete checkpoint in the checkpoint directories, or None when
+            there is none yet, so a first run starts from scratch); ``"best"`` (the checkpoint callback's best);
+            or a checkpoint directory.
+
+    Raises:
+        ValueError: ``"best"`` without a best checkpoint, or a path that is not a complete checkpoint.
+        FileNotFoundError: the path does not exist.
+    """
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        candidates = []
+        for directory in _checkpoint_dirs(trainer):
+            found = find_last_checkpoint(directory)
+            if found is not None:
+                manifest = read_manifest(found)
+                candidates.append(((float(manifest.get("global_step", -1)), float(manifest.get("created", 0.0))), found))
+        return max(candidates)[1] if candidates else None
+    if ckpt_path == "best":
+        callback = getattr(trainer, "checkpoint_callback", None)
+        best = getattr(callback, "best_model_path", "") if callback is not None else ""
+        if not best:
+            raise ValueError(
+                "ckpt_path='best' needs a best checkpoint, but "
+                + ("there is no ModelCheckpoint callback" if callback is None else "ModelCheckpoint has not saved one yet")
+                + "; add ModelCheckpoint(monitor=...) and fit first, or pass ckpt_path='last' or a checkpoint directory"
+            )
+        ckpt_path = best
+    directory = Path(ckpt_path)
+    read_manifest(directory)
+    return directory.absolute()
+
+
+def _checkpoint_dirs(trainer: Any) -> list[Path]:
+    from callbacks.checkpoint import ModelCheckpoint
+
+    dirs = [default_checkpoint_dir(trainer)]
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if isinstance(callback, ModelCheckpoint):
+            directory = callback.resolve_dirpath(trainer)
+            if directory not in dirs:
+                dirs.append(directory)
+    return dirs
+

@@ -1,0 +1,48 @@
+"""The ``trainer`` command: ``trainer launch | config | env | test``.
+
+Each subcommand lives in its own module and registers itself with ``add_*_parser``. Bad input (a bad
+setting, a missing file) prints one ``trainer <command>: error: ...`` line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``trainer`` argument parser with all subcommands."""
+    from trainer.cli.config import add_config_parser
+    from trainer.cli.env import add_env_parser
+    from trainer.cli.launch import add_launch_parser
+    from trainer.cli.selftest import add_test_parser
+
+    parser = argparse.ArgumentParser(prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test.")
+    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,test}")
+    add_launch_parser(subparsers)
+    add_config_parser(subparsers)
+    add_env_parser(subparsers)
+    add_test_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``trainer`` command line and return its exit code.
+
+    Args:
+        argv: the arguments without the program name (``sys.argv[1:]`` when ``None``).
+    """
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"trainer {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"trainer {args.command}: interrupted", file=sys.stderr)
+        return 130

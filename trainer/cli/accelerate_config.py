@@ -1,0 +1,109 @@
+"""Read an Accelerate ``default_config.yaml`` (as written by ``accelerate config``) into `LaunchSettings`.
+
+Accelerate's ``num_processes`` is the total over all machines, as ours is. Keys that only matter to
+hardware or services we do not drive (TPU, SageMaker, IPEX, ...) are accepted when they hold their
+"off" value and rejected with a clear message otherwise; unknown keys are rejected.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping
+
+from trainer.cli.config import LaunchSettings
+
+# distributed_type -> (strategy, cpu)
+_DISTRIBUTED_TYPES = {
+    "NO": ("auto", None),
+    "MULTI_CPU": ("ddp", True),
+    "MULTI_GPU": ("ddp", None),
+    "MULTI_NPU": ("ddp", None),
+    "MULTI_XPU": ("ddp", None),
+    "MULTI_MLU": ("ddp", None),
+    "MULTI_MUSA": ("ddp", None),
+    "MULTI_HPU": ("ddp", None),
+    "FSDP": ("fsdp", None),
+    "DEEPSPEED": ("deepspeed", None),
+}
+# keys copied as they are
+_DIRECT = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend")
+# keys accepted and not used: they describe the machine, not the job, or are Accelerate's own switches
+_IGNORED = frozenset(
+    {
+        "compute_environment",
+        "same_network",
+        "main_training_function",
+        "debug",
+        "enable_cpu_affinity",
+        "tpu_env",
+        "tpu_use_cluster",
+        "tpu_use_sudo",
+        "tpu_name",
+        "tpu_zone",
+        "commands",
+        "command_file",
+        "ipex_config",
+        "mpirun_config",
+        "dynamo_config",
+        "fsdp_config",
+        "deepspeed_config",
+        "megatron_lm_config",
+        "fp8_config",
+        "parallelism_config",
+        "use_ipex",
+        "use_mps_device",
+    }
+)
+_ACCELERATE_ONLY = frozenset({"distributed_type", "use_cpu", "downcast_bf16"}) | _IGNORED
+
+
+def is_accelerate_config(data: Mapping[str, Any]) -> bool:
+    """Whether ``data`` looks like an Accelerate config (it has a key only Accelerate writes)."""
+    return any(key in _ACCELERATE_ONLY for key in data)
+
+
+def settings_from_accelerate(data: Mapping[str, Any], *, source: str = "<config>") -> LaunchSettings:
+    """Map an Accelerate config mapping to `LaunchSettings`.
+
+    Raises:
+        ValueError: an unknown key, or a setting we cannot honour (SageMaker, TPU, fp8, ...).
+    """
+    known = set(_DIRECT) | _ACCELERATE_ONLY | {"mixed_precision", "gpu_ids", "gradient_accumulation_steps"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(
+            f"Accelerate config {source!r} has key(s) {unknown} that Trainwright does not know; remove them "
+            f"(known Accelerate keys: {sorted(known)})"
+        )
+    environment = data.get("compute_environment", "LOCAL_MACHINE")
+    if environment != "LOCAL_MACHINE":
+        raise ValueError(
+            f"compute_environment={environment!r} in {source!r} is not supported; only LOCAL_MACHINE is "
+            "(start the job on each machine with `trainer launch`)"
+        )
+    kind = str(data.get("distributed_type", "NO")).upper()
+    if kind not in _DISTRIBUTED_TYPES:
+        raise ValueError(
+            f"distributed_type={kind!r} in {source!r} is not supported; use one of {sorted(_DISTRIBUTED_TYPES)}"
+        )
+    strategy, cpu = _DISTRIBUTED_TYPES[kind]
+    values: dict[str, Any] = {key: data[key] for key in _DIRECT if data.get(key) is not None}
+    values["strategy"] = strategy
+    values["cpu"] = bool(data.get("use_cpu", False)) or bool(cpu)
+    if data.get("gradient_accumulation_steps") is not None:
+        values["gradient_accumulation_steps"] = data["gradient_accumulation_steps"]
+    mixed = str(data.get("mixed_precision", "no")).lower()
+    if mixed == "fp8":
+        raise ValueError(f"mixed_precision='fp8' in {source!r} is not supported; use 'no', 'fp16' or 'bf16'")
+    values["mixed_precision"] = mixed
+    gpu_ids = data.get("gpu_ids")
+    if gpu_ids not in (None, "", "all"):
+        values["gpu_ids"] = str(gpu_ids)
+    if str(data.get("downcast_bf16", "no")).lower() not in ("no", "false"):
+        warnings.warn(f"downcast_bf16 in {source!r} is a TPU setting and has no effect here", stacklevel=2)
+    if kind in ("FSDP", "DEEPSPEED") and (data.get("fsdp_config") or data.get("deepspeed_config")):
+        warnings.warn(
+            f"{kind.lower()}_config in {source!r} is not read; configure the {strategy!r} strategy in code",
+            stacklevel=2,
+        )
+    return LaunchSettings(**values)

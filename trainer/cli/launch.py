@@ -1,0 +1,248 @@
+"""``trainer launch``: run a script on N processes with ``torch.distributed.run`` (torchrun's elastic agent).
+
+The settings become torchrun arguments (parsed by torchrun's own parser and turned into a `LaunchConfig` by its
+``config_from_args``) plus the ``TRAINWRIGHT_*`` environment variables the ``Accelerator`` and ``Trainer`` read.
+When a rank fails, the agent stops the others and we report the failing rank and return its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import uuid
+from typing import Any, Collection, Iterator, Mapping, Sequence
+
+from trainer.cli.config import LaunchSettings, add_setting_arguments, default_config_path, resolve_settings
+
+DEFAULT_MULTI_NODE_PORT = 29500
+RDZV_FAILURE_EXIT_CODE = 1
+
+
+def worker_environment(settings: LaunchSettings) -> dict[str, str]:
+    """The ``TRAINWRIGHT_*`` variables (and ``CUDA_VISIBLE_DEVICES`` for ``gpu_ids``) every worker gets."""
+    env = {
+        "TRAINWRIGHT_LAUNCHED": "1",
+        "TRAINWRIGHT_STRATEGY": settings.strategy,
+        "TRAINWRIGHT_MIXED_PRECISION": settings.mixed_precision,
+        "TRAINWRIGHT_CPU": "true" if settings.cpu else "false",
+        "TRAINWRIGHT_GRADIENT_ACCUMULATION_STEPS": str(settings.gradient_accumulation_steps),
+    }
+    if settings.process_group_timeout is not None:
+        env["TRAINWRIGHT_PG_TIMEOUT"] = str(settings.process_group_timeout)
+    if settings.gpu_ids not in (None, "", "all") and not settings.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_ids)
+    return env
+
+
+@contextlib.contextmanager
+def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the duration of the block, then restore what was there."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def total_processes(settings: LaunchSettings) -> int:
+    """``num_processes``, or one per visible GPU (1 without GPUs or with ``cpu``) when it is ``None``."""
+    if settings.num_processes is not None:
+        return settings.num_processes
+    import torch
+
+    if not settings.cpu and torch.cuda.is_available():
+        return max(1, torch.cuda.device_count()) * settings.num_machines
+    return settings.num_machines
+
+
+def rendezvous_arguments(settings: LaunchSettings) -> list[str]:
+    """torchrun's rendezvous flags for ``settings``.
+
+    One machine without a port: a c10d store on a free loopback port (like ``torchrun --standalone``).
+    Otherwise ``static`` (``--master-addr/--master-port/--node-rank``) or c10d/etcd at ``ip:port``; the join
+    timeout is ``rdzv_join_timeout`` either way.
+    """
+    port = settings.main_process_port
+    ip = settings.main_process_ip or "127.0.0.1"
+    if settings.num_machines == 1 and not port:
+        return [
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "127.0.0.1:0",
+            "--rdzv-id", uuid.uuid4().hex,
+            "--rdzv-conf", f"join_timeout={settings.rdzv_join_timeout}",
+        ]  # fmt: skip
+    if port == 0:
+        raise ValueError(
+            f"main_process_port=0 (pick a free port) only works on one machine, but num_machines="
+            f"{settings.num_machines}; give every machine the same port, e.g. --main_process_port {DEFAULT_MULTI_NODE_PORT}"
+        )
+    port = port or DEFAULT_MULTI_NODE_PORT
+    if settings.rdzv_backend == "static":
+        return [
+            "--rdzv-backend", "static",
+            "--master-addr", ip,
+            "--master-port", str(port),
+            "--node-rank", str(settings.machine_rank),
+            "--rdzv-conf", f"timeout={settings.rdzv_join_timeout}",
+        ]  # fmt: skip
+    return [
+        "--rdzv-backend", settings.rdzv_backend,
+        "--rdzv-endpoint", f"{ip}:{port}",
+        "--rdzv-id", "trainwright",
+        "--rdzv-conf", f"join_timeout={settings.rdzv_join_timeout}",
+    ]  # fmt: skip
+
+
+def torchrun_arguments(settings: LaunchSettings, script: str, script_args: Sequence[str], *, module: bool = False) -> list[str]:
+    """The full ``torch.distributed.run`` command line for ``settings`` (without the program name)."""
+    total = total_processes(settings)
+    if total % settings.num_machines:
+        raise ValueError(
+            f"num_processes={total} is not divisible by num_machines={settings.num_machines}; "
+            "give every machine the same number of processes"
+        )
+    args = [
+        "--nnodes", str(settings.num_machines),
+        "--nproc-per-node", str(total // settings.num_machines),
+        "--max-restarts", str(settings.max_restarts),
+        "--monitor-interval", "0.1",
+        *rendezvous_arguments(settings),
+    ]  # fmt: skip
+    if module:
+        args.append("--module")
+    return [*args, script, *script_args]
+
+
+def describe_failure(error: Any, prefer: Collection[int] = ()) -> tuple[int, str]:
+    """Exit code and message for a ``ChildFailedError``: the failing rank first, then any others.
+
+    Ranks the agent itself stopped (SIGTERM/SIGKILL) come after ranks that exited on their own; among
+    those the earliest failure (then the lowest rank) is named as the cause; ranks in ``prefer`` come first.
+    """
+    failures = error.failures
+    rank, first = min(failures.items(), key=lambda item: (item[0] not in prefer, stopped_by_agent(item[1].exitcode), item[1].timestamp, item[0]))
+    code, how = _exit_code(first.exitcode)
+    lines = [f"trainer launch: rank {rank} (local rank {first.local_rank}, pid {first.pid}) {how}"]
+    if first.error_file != "<N/A>" and first.message:
+        lines.append(f"  error: {first.message}")
+    others = [f"rank {r} ({_exit_code(f.exitcode)[1]})" for r, f in sorted(failures.items()) if r != rank]
+    if others:
+        lines.append("  also failed: " + ", ".join(others))
+    lines.append("  the other ranks were stopped; see the traceback of the failing rank above")
+    return code, "\n".join(lines)
+
+
+def stopped_by_agent(exitcode: int) -> bool:
+    """Whether a worker's exit code is the agent's own stop signal (SIGTERM or SIGKILL)."""
+    import signal
+
+    return exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+
+
+def _exit_code(exitcode: int) -> tuple[int, str]:
+    if exitcode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return 128 - exitcode, f"was killed by {name}"
+    return exitcode, f"failed with exit code {exitcode}"
+
+
+def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
+    """Run ``torch.distributed.run`` with ``torchrun_args`` and the settings' environment; return the exit code."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    env = worker_environment(settings)
+    with patched_environ(env):
+        config, cmd, cmd_args = torchrun.config_from_args(torchrun.parse_args(list(torchrun_args)))
+        try:
+            from torch.distributed.launcher.api import elastic_launch
+
+            elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
+        except ChildFailedError as err:
+            code, message = describe_failure(err)
+            print(message, file=sys.stderr, flush=True)
+            return code
+        except (RendezvousError, RuntimeError) as err:
+            if not _is_rendezvous_failure(err):
+                raise
+            print(_rendezvous_message(settings, err), file=sys.stderr, flush=True)
+            return RDZV_FAILURE_EXIT_CODE
+    return 0
+
+
+def _is_rendezvous_failure(err: BaseException) -> bool:
+    from torch.distributed import DistStoreError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    return isinstance(err, (RendezvousError, DistStoreError))
+
+
+def _rendezvous_message(settings: LaunchSettings, err: BaseException) -> str:
+    where = f"{settings.main_process_ip or '127.0.0.1'}:{settings.main_process_port or DEFAULT_MULTI_NODE_PORT}"
+    return (
+        f"trainer launch: rendezvous failed: not all {settings.num_machines} machine(s) joined at {where} "
+        f"(backend {settings.rdzv_backend}) within rdzv_join_timeout={settings.rdzv_join_timeout} s: "
+        f"{type(err).__name__}{': ' + str(err) if str(err) else ''}\n"
+        "  start `trainer launch` on every machine with the same --num_machines, --main_process_ip and "
+        "--main_process_port and a distinct --machine_rank, or raise --rdzv_join_timeout"
+    )
+
+
+def check_strategy_name(name: str) -> None:
+    """Raise `ValueError` unless ``name`` is in the strategy registry (checked before starting processes)."""
+    from strategies import STRATEGIES
+
+    if name.lower() not in STRATEGIES:
+        raise ValueError(f"strategy={name!r} is not known; choose one of {', '.join(sorted(STRATEGIES))}")
+
+
+def launch_settings(settings: LaunchSettings, script: str, script_args: Sequence[str] = (), *, module: bool = False) -> int:
+    """Launch ``script`` (or module) under ``settings``; return the job's exit code."""
+    check_strategy_name(settings.strategy)
+    total = total_processes(settings)
+    where = "CPU" if settings.cpu else "auto device"
+    print(
+        f"trainer launch: {total} process(es) on {settings.num_machines} machine(s) [{where}, "
+        f"strategy={settings.strategy}, mixed_precision={settings.mixed_precision}]",
+        file=sys.stderr,
+        flush=True,
+    )
+    return run_elastic(settings, torchrun_arguments(settings, script, script_args, module=module))
+
+
+def add_launch_parser(subparsers: Any) -> None:
+    """Register ``trainer launch``."""
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a training script on several processes / machines (torchrun underneath)",
+        description="Launch a script with torch.distributed.run. Settings: flags > config file > defaults. "
+        f"Default config file: {default_config_path()}",
+    )
+    parser.add_argument("--config_file", help="config file (Trainwright or Accelerate YAML) to read settings from")
+    parser.add_argument("-m", "--module", action="store_true", help="run the script argument as a module (python -m)")
+    add_setting_arguments(parser)
+    parser.add_argument("training_script", help="the script (or module, with -m) to run")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.set_defaults(func=launch_command)
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    """Run ``trainer launch``; return the job's exit code."""
+    settings, _ = resolve_settings(args)
+    script = args.training_script
+    if not args.module and not os.path.isfile(script):
+        raise FileNotFoundError(f"training script {script!r} does not exist; pass a path to a .py file or use -m module")
+    return launch_settings(settings, script, args.training_script_args, module=args.module)

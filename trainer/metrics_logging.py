@@ -1,0 +1,316 @@
+"""The store behind ``TrainModule.log``: step values, epoch accumulators, and their reduction.
+
+Nothing here forces a device sync on the hot path. A logged tensor is detached and kept; epoch
+accumulators are updated on the device (``total += value * batch_size``). Values become Python floats
+only when they are written to the loggers (every ``log_every_n_steps`` steps, one conversion for all
+names) and at epoch end (one conversion for all names).
+
+Across processes, reductions are collectives that every rank joins the same number of times: once per
+epoch end and once per logger write, never per batch. Before reducing, the ranks agree on the set of
+names (a rank that saw no batch of an uneven evaluation loader still joins, contributing nothing), so
+an epoch mean with ``sync_dist=True`` is the exact mean over every sample of the dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+_REDUCE_FX = ("mean", "sum", "max", "min")
+_FX_ALIASES: dict[Any, str] = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", sum: "sum", max: "max", min: "min"}
+
+
+def normalize_reduce_fx(reduce_fx: Any) -> str:
+    """Map ``"mean"``/``"sum"``/``"max"``/``"min"`` (or torch.mean, torch.sum, ...) to its name."""
+    if isinstance(reduce_fx, str) and reduce_fx.lower() in _REDUCE_FX:
+        return reduce_fx.lower()
+    if reduce_fx in _FX_ALIASES:
+        return _FX_ALIASES[reduce_fx]
+    raise ValueError(f"reduce_fx={reduce_fx!r} is not supported; choose one of 'mean', 'sum', 'max', 'min'")
+
+
+def _is_metric(value: Any) -> bool:
+    """True for a torchmetrics `Metric` (checked without importing torchmetrics)."""
+    return any(cls.__name__ == "Metric" and cls.__module__.startswith("torchmetrics") for cls in type(value).__mro__)
+
+
+def infer_batch_size(batch: Any) -> int:
+    """The size of the first dimension of the first tensor found in `batch` (1 when there is none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim > 0 else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = infer_batch_size(item)
+            if size != -1:
+                return size
+        return -1 if batch else 1
+    return -1
+
+
+@dataclass
+class _Entry:
+    """One logged name within one stage."""
+
+    on_step: bool
+    on_epoch: bool
+    prog_bar: bool
+    logger: bool
+    sync_dist: bool
+    reduce_fx: str
+    metric: Any = None
+    step_value: Any = None
+    step_dirty: bool = False
+    total: Any = None
+    weight: Any = 0.0
+    updates: int = 0
+
+    def accumulate(self, value: Any, batch_size: int) -> None:
+        if self.reduce_fx == "mean":
+            self.total = value * batch_size if self.total is None else self.total + value * batch_size
+            self.weight = self.weight + batch_size
+        elif self.reduce_fx == "sum":
+            self.total = value if self.total is None else self.total + value
+        elif self.total is None:
+            self.total = value
+        else:
+            pick = torch.maximum if self.reduce_fx == "max" else torch.minimum
+            self.total = pick(torch.as_tensor(self.total), torch.as_tensor(value))
+        self.updates += 1
+
+    def reset_epoch(self) -> None:
+        self.total, self.weight, self.updates = None, 0.0, 0
+
+
+class ResultsStore:
+    """Everything ``self.log`` recorded, per stage (``"train"``, ``"validation"``, ``"test"``).
+
+    Args:
+        device: where new accumulator tensors are created.
+        reduce: ``reduce(tensor, reduction)`` across processes (identity in one process).
+        gather_object: ``gather_object(obj) -> list`` across processes (one entry per rank).
+        world_size: number of processes.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        reduce: Callable[[torch.Tensor, str], torch.Tensor],
+        gather_object: Callable[[Any], list[Any]],
+        world_size: int = 1,
+    ) -> None:
+        self.device = device
+        self._reduce = reduce
+        self._gather_object = gather_object
+        self.world_size = world_size
+        self.stage = "train"
+        self.step_context = True
+        self.enabled = True
+        self._entries: dict[str, dict[str, _Entry]] = {}
+        self._batch: Any = None
+        self._batch_size: int | None = None
+        self.callback_metrics: dict[str, Any] = {}
+        self.logged_metrics: dict[str, float] = {}
+        self.progress_bar_metrics: dict[str, Any] = {}
+
+    # context, set by the loop
+    def set_context(self, stage: str, step_context: bool) -> None:
+        """Say which loop is running and whether the current hook is per-batch training code."""
+        self.stage, self.step_context = stage, step_context
+
+    def set_batch(self, batch: Any) -> None:
+        """Remember the current batch; its size is inferred only if a logged mean needs it."""
+        self._batch, self._batch_size = batch, None
+
+    def _current_batch_size(self) -> int:
+        if self._batch_size is None:
+            size = infer_batch_size(self._batch)
+            self._batch_size = 1 if size < 1 else size
+        return self._batch_size
+
+    # logging
+    def log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        logger: bool = True,
+        sync_dist: bool = False,
+        reduce_fx: Any = "mean",
+        batch_size: int | None = None,
+    ) -> None:
+        """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
+        if not self.enabled:
+            raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"self.log needs a non-empty string name, got {name!r}")
+        fx = normalize_reduce_fx(reduce_fx)
+        on_step = self.step_context if on_step is None else bool(on_step)
+        on_epoch = (not self.step_context) if on_epoch is None else bool(on_epoch)
+        if not on_step and not on_epoch:
+            raise ValueError(f"self.log({name!r}, ...) with on_step=False and on_epoch=False logs nothing; set one of them to True")
+        if on_step and self.stage != "train":
+            raise ValueError(
+                f"self.log({name!r}, ..., on_step=True) is only supported in training; "
+                f"in {self.stage} values are aggregated per epoch: use on_step=False"
+            )
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        metric = value if _is_metric(value) else None
+        if metric is None:
+            value = self._as_value(name, value)
+        entries = self._entries.setdefault(self.stage, {})
+        entry = entries.get(name)
+        if entry is None:
+            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric)
+        elif (entry.on_step, entry.on_epoch, entry.reduce_fx, entry.metric is not None) != (on_step, on_epoch, fx, metric is not None):
+            raise ValueError(
+                f"self.log({name!r}, ...) was called before with on_step={entry.on_step}, on_epoch={entry.on_epoch}, "
+                f"reduce_fx={entry.reduce_fx!r}; log one name with the same settings every time, or use another name"
+            )
+        if metric is not None:
+            entry.metric = metric
+            value = getattr(metric, "_forward_cache", None) if on_step else None
+            entry.updates += 1
+        elif on_epoch:
+            entry.accumulate(value, batch_size or (self._current_batch_size() if fx == "mean" else 1))
+        if on_step and value is not None:
+            entry.step_value, entry.step_dirty = value, True
+            key = f"{name}_step" if on_epoch else name
+            self.callback_metrics[key] = value
+            self.callback_metrics[name] = value
+            if prog_bar:
+                self.progress_bar_metrics[key] = value
+
+    def _as_value(self, name: str, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(
+                    f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; log a scalar "
+                    "(e.g. value.mean()) or a torchmetrics Metric"
+                )
+            return value.detach().reshape(())
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"self.log({name!r}, ...) got a value of type {type(value).__name__}; "
+                "log a number, a one-element tensor or a torchmetrics Metric"
+            )
+        return float(value)
+
+    # reduction
+    def _agree(self, local: dict[str, tuple[str, bool]]) -> dict[str, tuple[str, bool]]:
+        """The union over ranks of ``{name: (kind, present)}``, in sorted order, identical on every rank."""
+        if self.world_size == 1:
+            return dict(sorted(local.items()))
+        merged: dict[str, tuple[str, bool]] = {}
+        for rank_items in self._gather_object(dict(local)):
+            for name, (kind, _) in rank_items.items():
+                if name in merged and merged[name][0] != kind:
+                    raise ValueError(f"{name!r} was logged with reduce_fx={kind!r} on one process and {merged[name][0]!r} on another")
+                merged[name] = (kind, name in local)
+        return dict(sorted(merged.items()))
+
+    def _reduce_values(self, pairs: dict[str, tuple[str, Any, Any]]) -> dict[str, Any]:
+        """Reduce ``{name: (kind, a, b)}`` across ranks: a mean is ``sum(a) / sum(b)``; None means absent."""
+        out: dict[str, Any] = {}
+        for kind in _REDUCE_FX:
+            names = [n for n, (k, _, _) in pairs.items() if k == kind]
+            if not names:
+                continue
+            identity = {"max": -math.inf, "min": math.inf}.get(kind, 0.0)
+            a = [identity if pairs[n][1] is None else pairs[n][1] for n in names]
+            b = [0.0 if pairs[n][2] is None else pairs[n][2] for n in names]
+            packed = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device).reshape(()) for v in a + b])
+            op = "sum" if kind in ("mean", "sum") else kind
+            packed = self._reduce(packed, op) if self.world_size > 1 else packed
+            for i, name in enumerate(names):
+                out[name] = packed[i] / packed[len(names) + i] if kind == "mean" else packed[i]
+        return out
+
+    def flush_step(self) -> dict[str, float]:
+        """The step values logged since the last call, as floats (``sync_dist`` ones reduced across ranks).
+
+        Every rank must call this at the same steps when more than one process runs.
+        """
+        entries = self._entries.get("train", {})
+        dirty = {n: e for n, e in entries.items() if e.on_step and e.step_dirty}
+        synced = self._agree({n: ("mean", True) for n, e in dirty.items() if e.sync_dist and e.metric is None})
+        reduced = self._reduce_values({n: ("mean", dirty[n].step_value if present else None, 1.0 if present else None)
+                                       for n, (_, present) in synced.items()})
+        values: dict[str, Any] = {}
+        for name, entry in dirty.items():
+            entry.step_dirty = False
+            if entry.logger:
+                values[f"{name}_step" if entry.on_epoch else name] = reduced.get(name, entry.step_value)
+        return self._to_floats(values)
+
+    def reduce_epoch(self, stage: str) -> tuple[dict[str, float], dict[str, float]]:
+        """Compute every epoch value of `stage` (every rank must call this once per epoch) and reset the accumulators.
+
+        Returns:
+            ``(all epoch values, the ones meant for the loggers)``, as floats. `callback_metrics`,
+            `logged_metrics` and `progress_bar_metrics` are updated.
+        """
+        entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch}
+        local = {n: ("metric" if e.metric is not None else e.reduce_fx, e.updates > 0) for n, e in entries.items() if e.updates > 0 or e.metric is not None}
+        local = {n: kind_present for n, kind_present in local.items() if entries[n].sync_dist or entries[n].metric is not None}
+        agreed = self._agree(local)
+        values: dict[str, Any] = {}
+        for name, (kind, _) in agreed.items():
+            if kind != "metric":
+                continue
+            if name not in entries:
+                raise RuntimeError(
+                    f"the torchmetrics Metric {name!r} was logged on some processes but not on this one; "
+                    "log it on every process (each rank must join its compute())"
+                )
+            values[name] = entries[name].metric.compute()
+            entries[name].metric.reset()
+        to_reduce = {n: (k, entries[n].total if n in entries and entries[n].updates else None,
+                         (entries[n].weight if k == "mean" else 1.0) if n in entries and entries[n].updates else None)
+                     for n, (k, _) in agreed.items() if k != "metric"}
+        values.update(self._reduce_values(to_reduce))
+        for name, entry in entries.items():
+            if name not in values and entry.updates > 0 and entry.metric is None:
+                values[name] = entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
+            entry.reset_epoch()
+        floats = self._to_floats({(f"{n}_epoch" if entries[n].on_step else n): v for n, v in values.items() if n in entries})
+        out: dict[str, float] = {}
+        for name, entry in entries.items():
+            key = f"{name}_epoch" if entry.on_step else name
+            if key not in floats:
+                continue
+            self.callback_metrics[key] = self.callback_metrics[name] = floats[key]
+            if entry.prog_bar:
+                self.progress_bar_metrics[key] = floats[key]
+            if entry.logger:
+                out[key] = floats[key]
+        self.logged_metrics.update(out)
+        return floats, out
+
+    def _to_floats(self, values: dict[str, Any]) -> dict[str, float]:
+        """Convert all values with one device-to-host transfer."""
+        if not values:
+            return {}
+        names = list(values)
+        tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+        host: list[float] = []
+        if tensors:
+            host = torch.stack([t.detach().reshape(()).to(self.device, torch.float64) for t in tensors]).tolist()
+        it = iter(host)
+        return {n: float(next(it)) if isinstance(values[n], torch.Tensor) else float(values[n]) for n in names}
+
+    def reset(self) -> None:
+        """Forget all entries (a new ``fit``/``validate``/``test`` run)."""
+        self._entries.clear()
+        self.callback_metrics.clear()
+        self.logged_metrics.clear()
+        self.progress_bar_metrics.clear()

@@ -1,0 +1,472 @@
+"""`TrainModule`: the model, its steps, its optimizers and its hooks, in one `nn.Module`.
+
+A `TrainModule` is what the `Trainer` runs. It is a plain ``torch.nn.Module`` with a few extra methods:
+the steps (``training_step``, ``validation_step``, ``test_step``, ``predict_step``), ``configure_optimizers``,
+optional ``*_dataloader`` methods, one no-op method per event of `callbacks.events`, and helpers that work
+inside a run (``self.log``, ``self.device``, ``self.trainer``, ``self.all_gather``, ``self.print``, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+_INTERVALS = ("step", "epoch")
+
+
+class AttributeDict(dict):
+    """A dict whose keys are also attributes: ``hparams.lr`` is ``hparams["lr"]``."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"no hyperparameter named {key!r}; saved ones: {sorted(self)}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+
+@dataclass
+class LRSchedulerConfig:
+    """One learning-rate scheduler and when the Trainer steps it.
+
+    Attributes:
+        scheduler: the scheduler.
+        interval: ``"step"`` (after optimizer steps) or ``"epoch"`` (after training epochs).
+        frequency: step it every `frequency` intervals.
+        monitor: the logged metric a ``ReduceLROnPlateau`` scheduler reads.
+        name: a display name (used by the learning-rate monitor).
+        strict: raise when `monitor` was not logged (else skip the step).
+        opt_idx: index of the optimizer it belongs to.
+    """
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+    name: str | None = None
+    strict: bool = True
+    opt_idx: int = 0
+
+
+def _is_optimizer(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.Optimizer) or (hasattr(obj, "step") and hasattr(obj, "param_groups"))
+
+
+def _is_plateau(scheduler: Any) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _scheduler_config(item: Any, optimizers: Sequence[Any], default_monitor: str | None = None) -> LRSchedulerConfig:
+    """Build one `LRSchedulerConfig` from a scheduler or a Lightning-style dict."""
+    if isinstance(item, Mapping):
+        if "scheduler" not in item:
+            raise ValueError(f"an lr_scheduler dict needs a 'scheduler' key, got keys {sorted(item)}; e.g. {{'scheduler': sched, 'interval': 'step'}}")
+        unknown = set(item) - {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
+        if unknown:
+            raise ValueError(f"unknown lr_scheduler key(s) {sorted(unknown)}; supported: scheduler, interval, frequency, monitor, name, strict")
+        config = LRSchedulerConfig(
+            scheduler=item["scheduler"],
+            interval=item.get("interval", "epoch"),
+            frequency=item.get("frequency", 1),
+            monitor=item.get("monitor", default_monitor),
+            name=item.get("name"),
+            strict=item.get("strict", True),
+        )
+    else:
+        config = LRSchedulerConfig(scheduler=item, monitor=default_monitor)
+    if config.interval not in _INTERVALS:
+        raise ValueError(f"lr_scheduler interval={config.interval!r} is not supported; use 'step' or 'epoch'")
+    if not isinstance(config.frequency, int) or isinstance(config.frequency, bool) or config.frequency < 1:
+        raise ValueError(f"lr_scheduler frequency={config.frequency!r} must be a positive int")
+    if not hasattr(config.scheduler, "step"):
+        raise TypeError(f"lr_scheduler {config.scheduler!r} has no step() method; pass a torch.optim.lr_scheduler scheduler")
+    if _is_plateau(config.scheduler) and not config.monitor:
+        raise ValueError(
+            "ReduceLROnPlateau needs a metric to monitor; return "
+            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}} from configure_optimizers"
+        )
+    owner = getattr(config.scheduler, "optimizer", None)
+    config.opt_idx = next((i for i, opt in enumerate(optimizers) if opt is owner), 0)
+    return config
+
+
+def parse_optimizers(result: Any) -> tuple[list[Any], list[LRSchedulerConfig]]:
+    """Normalize whatever ``configure_optimizers`` returned into ``(optimizers, scheduler configs)``.
+
+    Accepted forms: one optimizer; a list/tuple of optimizers; ``(optimizers, schedulers)``; a dict
+    ``{"optimizer": opt, "lr_scheduler": sched_or_dict, "monitor": name}``; a list of such dicts; None
+    (no optimizer, e.g. for manual optimization that builds its own).
+
+    Raises:
+        ValueError, TypeError: naming the form that was not understood.
+    """
+    if result is None:
+        return [], []
+    if _is_optimizer(result):
+        return [result], []
+    if isinstance(result, Mapping):
+        return _parse_dicts([result])
+    if isinstance(result, (list, tuple)):
+        items = list(result)
+        if items and all(isinstance(i, Mapping) for i in items):
+            return _parse_dicts(items)
+        if len(items) == 2 and isinstance(items[0], (list, tuple)) and isinstance(items[1], (list, tuple)):
+            optimizers = list(items[0])
+            _check_optimizers(optimizers)
+            return optimizers, [_scheduler_config(s, optimizers) for s in items[1]]
+        if all(_is_optimizer(i) for i in items):
+            return items, []
+    raise TypeError(
+        f"configure_optimizers returned {type(result).__name__} {result!r:.200}, which is not understood; return an optimizer, "
+        "a list of optimizers, (optimizers, schedulers), or {'optimizer': opt, 'lr_scheduler': sched}"
+    )
+
+
+def _check_optimizers(optimizers: Sequence[Any]) -> None:
+    for opt in optimizers:
+        if not _is_optimizer(opt):
+            raise TypeError(f"configure_optimizers returned {opt!r:.200} where an optimizer was expected")
+
+
+def _parse_dicts(items: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[LRSchedulerConfig]]:
+    optimizers, configs = [], []
+    for item in items:
+        if "optimizer" not in item:
+            raise ValueError(f"a configure_optimizers dict needs an 'optimizer' key, got keys {sorted(item)}")
+        unknown = set(item) - {"optimizer", "lr_scheduler", "monitor", "frequency"}
+        if unknown:
+            raise ValueError(f"unknown configure_optimizers key(s) {sorted(unknown)}; supported: optimizer, lr_scheduler, monitor")
+        _check_optimizers([item["optimizer"]])
+        optimizers.append(item["optimizer"])
+    for item in items:
+        if item.get("lr_scheduler") is not None:
+            configs.append(_scheduler_config(item["lr_scheduler"], optimizers, item.get("monitor")))
+    return optimizers, configs
+
+
+class ManualOptimizer:
+    """What ``self.optimizers()`` returns in manual optimization: the prepared optimizer, counting steps.
+
+    Every ``step()`` call advances ``trainer.global_step``, as in Lightning.
+    """
+
+    def __init__(self, optimizer: Any, trainer: Any) -> None:
+        self.optimizer = optimizer
+        self._trainer = trainer
+
+    def step(self, closure: Any = None) -> None:
+        """Step the optimizer (loss scaling and skipped fp16 steps are handled by the Accelerator)."""
+        if closure is None:
+            self.optimizer.step()
+        else:
+            self.optimizer.step(closure=closure)
+        self._trainer.fit_loop_state["global_step"] += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"ManualOptimizer({self.optimizer!r})"
+
+
+class TrainModule(nn.Module):
+    """Base class of the modules the `Trainer` runs.
+
+    Override ``training_step`` and ``configure_optimizers`` (and optionally the evaluation steps, the
+    ``*_dataloader`` methods and any hook). Set ``automatic_optimization = False`` to drive the
+    optimizers yourself with ``self.optimizers()``, ``self.manual_backward(loss)`` and ``opt.step()``.
+    """
+
+    automatic_optimization: bool = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trainer: Any = None
+        self.hparams: AttributeDict = AttributeDict()
+        self._toggled: dict[int, bool] = {}
+
+    # run context
+    @property
+    def trainer(self) -> Any:
+        """The `Trainer` running this module (raises outside a run)."""
+        if self._trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) (or validate/test/predict) first")
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Any) -> None:
+        object.__setattr__(self, "_trainer", trainer)
+
+    @property
+    def device(self) -> torch.device:
+        """The device this module's parameters live on (the Trainer's device during a run)."""
+        if self._trainer is not None:
+            return self._trainer.accelerator.device
+        param = next(iter(self.parameters()), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far (0 outside a run)."""
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch (0 outside a run)."""
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    # steps
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return the loss (a tensor), a dict with a ``"loss"`` key, or None to skip this batch."""
+        raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx) to be fitted")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """Compute and ``self.log`` validation metrics for one batch."""
+        raise NotImplementedError(f"{type(self).__name__} must implement validation_step(batch, batch_idx) to be validated")
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        """Compute and ``self.log`` test metrics for one batch."""
+        raise NotImplementedError(f"{type(self).__name__} must implement test_step(batch, batch_idx) to be tested")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return the predictions for one batch (default: ``self(batch)``, or ``self(batch[0])`` for (x, y) pairs)."""
+        if isinstance(batch, (list, tuple)) and len(batch) >= 1:
+            return self(batch[0])
+        return self(batch)
+
+    def configure_optimizers(self) -> Any:
+        """Return the optimizer(s) and scheduler(s); see `parse_optimizers` for the accepted forms."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement configure_optimizers(), e.g. return torch.optim.AdamW(self.parameters(), lr=1e-3)"
+        )
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step one scheduler (override for schedulers with another ``step`` signature)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    # logging
+    def log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        logger: bool = True,
+        sync_dist: bool = False,
+        reduce_fx: Any = "mean",
+        batch_size: int | None = None,
+    ) -> None:
+        """Log a scalar (number, one-element tensor) or a torchmetrics ``Metric``.
+
+        Defaults follow Lightning: in training steps and batch hooks values are logged per step; in
+        validation/test and epoch hooks they are aggregated per epoch (a mean weighted by batch size,
+        or ``reduce_fx`` "sum"/"max"/"min"). With both ``on_step`` and ``on_epoch`` the names become
+        ``name_step`` and ``name_epoch``. ``sync_dist=True`` reduces across processes; a ``Metric`` is
+        computed (with its own distributed sync) and reset at epoch end.
+        """
+        self.trainer._results.log(
+            name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
+            sync_dist=sync_dist, reduce_fx=reduce_fx, batch_size=batch_size,
+        )
+
+    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+        """``self.log`` every item of `dictionary` with the same keyword arguments."""
+        for name, value in dictionary.items():
+            self.log(name, value, **kwargs)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self._trainer is None or self._trainer.is_global_zero:
+            print(*args, **kwargs)
+
+    def all_gather(self, data: Any) -> Any:
+        """Gather tensors from every process, stacked along a new dim 0 (unchanged in one process)."""
+        trainer = self.trainer
+        if trainer.world_size == 1:
+            return data
+        from strategies.collectives import apply_to_tensors
+
+        return apply_to_tensors(lambda t: trainer.accelerator.gather(t.unsqueeze(0)), data)
+
+    # optimizers
+    def optimizers(self) -> Any:
+        """The prepared optimizer (or a list, when there are several)."""
+        trainer = self.trainer
+        opts = [ManualOptimizer(o, trainer) for o in trainer.optimizers] if not self.automatic_optimization else trainer.optimizers
+        return opts[0] if len(opts) == 1 else opts
+
+    def lr_schedulers(self) -> Any:
+        """The scheduler (or a list when there are several; None when there is none)."""
+        scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]
+        if not scheds:
+            return None
+        return scheds[0] if len(scheds) == 1 else scheds
+
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward for manual optimization (through the Accelerator: loss scaling, DDP sync)."""
+        if self.automatic_optimization:
+            raise RuntimeError("manual_backward is for manual optimization; set self.automatic_optimization = False in __init__")
+        self.trainer.accelerator.backward(loss, **kwargs)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm") -> None:
+        """Clip the gradients of `optimizer`'s parameters (manual optimization)."""
+        if gradient_clip_val is None:
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "norm":
+            self.trainer.accelerator.clip_grad_norm_(params, gradient_clip_val)
+        elif gradient_clip_algorithm == "value":
+            self.trainer.accelerator.clip_grad_value_(params, gradient_clip_val)
+        else:
+            raise ValueError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported; use 'norm' or 'value'")
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Let only `optimizer`'s parameters require gradients (the others are frozen until `untoggle_optimizer`)."""
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self._toggled = {id(p): p.requires_grad for p in self.parameters()}
+        for p in self.parameters():
+            if id(p) not in own:
+                p.requires_grad_(False)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Undo `toggle_optimizer`."""
+        for p in self.parameters():
+            p.requires_grad_(self._toggled.get(id(p), p.requires_grad))
+        self._toggled = {}
+
+    def freeze(self) -> None:
+        """Stop gradients for every parameter and switch to eval mode."""
+        for p in self.parameters():
+            p.requires_grad_(False)
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Undo `freeze`."""
+        for p in self.parameters():
+            p.requires_grad_(True)
+        self.train()
+
+    # hooks: the events of `callbacks.events`, without the ``trainer, module`` arguments
+    def setup(self, stage: str) -> None: ...
+    def on_fit_start(self) -> None: ...
+    def on_sanity_check_start(self) -> None: ...
+    def on_sanity_check_end(self) -> None: ...
+    def on_train_start(self) -> None: ...
+    def on_train_epoch_start(self) -> None: ...
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_before_backward(self, loss: torch.Tensor) -> None: ...
+    def on_after_backward(self) -> None: ...
+    def on_before_optimizer_step(self, optimizer: Any) -> None: ...
+    def on_before_zero_grad(self, optimizer: Any) -> None: ...
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_train_epoch_end(self) -> None: ...
+    def on_train_end(self) -> None: ...
+    def on_fit_end(self) -> None: ...
+    def teardown(self, stage: str) -> None: ...
+    def on_validation_start(self) -> None: ...
+    def on_validation_epoch_start(self) -> None: ...
+    def on_validation_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_epoch_end(self) -> None: ...
+    def on_validation_end(self) -> None: ...
+    def on_test_start(self) -> None: ...
+    def on_test_epoch_start(self) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_test_epoch_end(self) -> None: ...
+    def on_test_end(self) -> None: ...
+    def on_predict_start(self) -> None: ...
+    def on_predict_epoch_start(self) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_epoch_end(self) -> None: ...
+    def on_predict_end(self) -> None: ...
+
+    # hyperparameters and checkpoints
+    def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str | None = None) -> None:
+        """Store the arguments of the calling ``__init__`` in ``self.hparams`` (and in checkpoints).
+
+        Args:
+            names: save only these arguments (all by default).
+            ignore: arguments to leave out (e.g. a large tensor or a sub-module).
+        """
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        collected: dict[str, Any] = {}
+        frame = inspect.currentframe()
+        frame = frame.f_back if frame is not None else None
+        while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
+            collected = {**_init_arguments(frame), **collected}
+            frame = frame.f_back
+        del frame
+        unknown = [n for n in names if n not in collected]
+        if unknown:
+            raise ValueError(f"save_hyperparameters({', '.join(map(repr, unknown))}): not arguments of __init__; choose from {sorted(collected)}")
+        keep = names or tuple(collected)
+        self.hparams.update({k: collected[k] for k in keep if k not in ignored and not isinstance(collected[k], nn.Module)})
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add JSON-serializable entries to `checkpoint` before it is written."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read what `on_save_checkpoint` added, when a checkpoint is restored."""
+
+    @classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool = True, **overrides: Any
+    ) -> "TrainModule":
+        """Rebuild a module from a checkpoint directory: its saved hyperparameters, then its weights.
+
+        Args:
+            checkpoint_path: a checkpoint directory (or its ``model.safetensors``).
+            map_location: device to load the weights to (CPU by default).
+            strict: require the checkpoint's keys to match the module's exactly.
+            overrides: constructor arguments that replace saved hyperparameters.
+        """
+        from safetensors.torch import load_file
+
+        from trainer import checkpointing
+
+        directory = Path(checkpoint_path)
+        if directory.is_file():
+            directory = directory.parent
+        checkpointing.verify_checkpoint(directory)
+        hparams = {**checkpointing.load_hparams(directory), **overrides}
+        try:
+            module = cls(**hparams)
+        except TypeError as err:
+            err.args = (f"{err}; rebuilding {cls.__name__} from {str(directory)!r} with hyperparameters {sorted(hparams)} failed: "
+                        "call self.save_hyperparameters() in __init__, or pass the missing arguments to load_from_checkpoint(..., name=value)",)
+            raise
+        weights = directory / "model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"checkpoint {str(directory)!r} has no model.safetensors; pass a directory written by Trainer.save_checkpoint")
+        device = "cpu" if map_location is None else str(torch.device(map_location))
+        module.load_state_dict(load_file(str(weights), device=device), strict=strict)
+        return module
+
+
+def _init_arguments(frame: Any) -> dict[str, Any]:
+    """The named arguments (and ``**kwargs``) of the function running in `frame`."""
+    info = inspect.getargvalues(frame)
+    values = {name: info.locals[name] for name in info.args if name != "self"}
+    if info.varargs and info.locals.get(info.varargs):
+        values[info.varargs] = list(info.locals[info.varargs])
+    if info.keywords:
+        values.update(info.locals.get(info.keywords) or {})
+    return {k: v for k, v in values.items() if k != "__class__"}

@@ -1,0 +1,139 @@
+"""Thin wrappers `prepare` puts around optimizers, schedulers and model forwards."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch import nn
+
+from strategies.collectives import apply_to_tensors
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """Steps and zeroes only on gradient-accumulation boundaries; records fp16 skipped steps.
+
+    It is an `Optimizer` (so schedulers can be built on it) that forwards everything to the wrapped one.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> None:  # noqa: D107 - no super().__init__ on purpose
+        self.optimizer = optimizer
+        self.accelerator = accelerator
+        self.step_was_skipped = False
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        if not self.accelerator.sync_gradients:
+            return
+        kwargs = {} if closure is None else {"closure": closure}
+        self.step_was_skipped = not self.accelerator.strategy.optimizer_step(self.optimizer, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.accelerator.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def train(self) -> None:
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"PreparedOptimizer({self.optimizer!r})"
+
+
+class PreparedScheduler:
+    """Steps the wrapped scheduler only when its optimizers really stepped (Accelerate's semantics).
+
+    Without ``split_batches`` each optimizer step advances the schedule ``num_processes`` times, as in
+    Accelerate, so a schedule written for one process ends at the same point of the data.
+    """
+
+    def __init__(self, scheduler: Any, accelerator: Any, optimizers: list[PreparedOptimizer]) -> None:
+        self.scheduler = scheduler
+        self.accelerator = accelerator
+        self.optimizers = optimizers
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        acc = self.accelerator
+        if not acc.step_scheduler_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not acc.sync_gradients:
+            if acc.gradient_plugin.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
+                self.scheduler._step_count += 1
+            return
+        if any(opt.step_was_skipped for opt in self.optimizers):
+            return
+        for _ in range(1 if acc.split_batches else acc.num_processes):
+            total = getattr(self.scheduler, "total_steps", None)
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+
+def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def autocast_forward(model: nn.Module, autocast: Callable[[], ContextManager[Any]]) -> None:
+    """Run `model`'s forward under autocast and hand back float32 outputs."""
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if getattr(inner.forward, "_trainwright_autocast", False):
+        return
+    original = inner.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with autocast():
+            output = original(*args, **kwargs)
+        return apply_to_tensors(_to_fp32, output)
+
+    forward._trainwright_autocast = True  # type: ignore[attr-defined]
+    inner.forward = forward
