@@ -245,10 +245,11 @@ class ModelCheckpoint(Callback):
         if self.monitor not in metrics:
             message = (
                 f"ModelCheckpoint(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics "
-                f"{sorted(metrics)}; log it with self.log({self.monitor!r}, value) or change `monitor`"
+                f"{sorted(getattr(trainer, 'callback_metrics', None) or {})}; log it with self.log({self.monitor!r}, value) "
+                "or change `monitor`"
             )
             if monitor_required:
-                raise KeyError(message)
+                raise RuntimeError(message)
             if self.monitor not in self._warned_missing:
                 self._warned_missing.add(self.monitor)
                 warnings.warn(message + " (skipping the top-k save until it is logged)", stacklevel=2)

@@ -88,10 +88,16 @@ def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocki
     """
     if device is None:
         return obj
+    return _send(obj, torch.device(device), non_blocking)
+
+
+def _send(obj: Any, device: torch.device, non_blocking: bool) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=non_blocking)
+        return obj if obj.device == device else obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, (list, tuple)):
-        moved = [send_to_device(o, device, non_blocking) for o in obj]
+        moved = [_send(o, device, non_blocking) for o in obj]
+        if type(obj) is list:
+            return moved
         if hasattr(obj, "_fields"):
             return type(obj)(*moved)
         try:
@@ -99,7 +105,7 @@ def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocki
         except TypeError:
             return tuple(moved) if isinstance(obj, tuple) else moved
     if isinstance(obj, Mapping):
-        moved_map = {k: send_to_device(v, device, non_blocking) for k, v in obj.items()}
+        moved_map = {k: _send(v, device, non_blocking) for k, v in obj.items()}
         try:
             return type(obj)(moved_map)
         except TypeError:
@@ -107,7 +113,7 @@ def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocki
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):
-            object.__setattr__(new, field.name, send_to_device(getattr(obj, field.name), device, non_blocking))
+            object.__setattr__(new, field.name, _send(getattr(obj, field.name), device, non_blocking))
         return new
     return obj
 
@@ -337,7 +343,7 @@ class DataLoaderShard(DataLoader):
         return self._run_pass(self._batches(skip), progress)
 
     def _run_pass(self, batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
-        place = self.device is not None
+        device, non_blocking = self.device, self.non_blocking
         try:
             current = next(batches, _END)
             if current is _END:
@@ -345,12 +351,12 @@ class DataLoaderShard(DataLoader):
                 return
             for upcoming in batches:
                 progress.position += 1
-                yield send_to_device(current, self.device, self.non_blocking) if place else current
+                yield current if device is None else _send(current, device, non_blocking)
                 current = upcoming
             progress.end = True
             progress.position += 1
             progress.complete = True
-            yield send_to_device(current, self.device, self.non_blocking) if place else current
+            yield current if device is None else _send(current, device, non_blocking)
         finally:
             self._pass_skip = None
             progress.advance()
@@ -368,8 +374,11 @@ class DataLoaderShard(DataLoader):
             torch.empty((), dtype=torch.int64).random_(generator=self.generator)
             batches: Iterator[Any] = self._fetched_batches(skip)
         elif isinstance(self._shard, BatchSamplerShard):
-            self._shard.skip_next = skip
-            batches = super().__iter__()
+            self._shard.first_batch = skip  # read when the DataLoader's iterator draws its sampler iterator(s)
+            try:
+                batches = super().__iter__()
+            finally:
+                self._shard.first_batch = 0
         else:  # iterable data sets cannot seek: their skipped batches are read and dropped here
             batches = itertools.islice(super().__iter__(), skip, None)
         if state is not None:
@@ -380,8 +389,12 @@ class DataLoaderShard(DataLoader):
         fetch, takes_tensor = self._fetcher  # type: ignore[misc]
         shard: BatchSamplerShard = self._shard  # type: ignore[assignment]
         if not shard.arithmetic:
-            shard.skip_next = skip
-            for idx in shard:
+            shard.first_batch = skip
+            try:
+                indices = iter(shard)
+            finally:
+                shard.first_batch = 0
+            for idx in indices:
                 yield fetch(torch.as_tensor(idx, dtype=torch.int64) if takes_tensor else idx)
             return
         sampler = shard.batch_sampler.sampler  # type: ignore[attr-defined]

@@ -337,7 +337,7 @@ class BatchSamplerShard(Sampler[list[int]]):
     """The batches of one process out of any batch sampler (see the module docstring for the policy).
 
     A `torch.utils.data.BatchSampler` over a sized sampler is sharded by arithmetic on the pass's indices
-    (`shard_spans`), so starting at batch ``skip_next`` costs nothing; any other batch sampler (custom,
+    (`shard_spans`), so starting at batch ``first_batch`` costs nothing; any other batch sampler (custom,
     variable-size) is sharded as a stream (`shard_batches`) and skipped by drawing its index lists only.
 
     Args:
@@ -374,7 +374,7 @@ class BatchSamplerShard(Sampler[list[int]]):
                 f"split_batches=True needs a batch sampler with a fixed `batch_size`; {type(batch_sampler).__name__} "
                 "has none. Use split_batches=False for variable-size batch samplers"
             )
-        self.skip_next = 0
+        self.first_batch = 0  # where every pass starts until set back to 0 (no data of skipped batches is read)
         self._stream_real = -1
 
     @property
@@ -395,7 +395,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         )
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, self.skip_next = self.skip_next, 0
+        start = self.first_batch
         if self.arithmetic:
             seq = flat_indices(self.batch_sampler.sampler)
             total = self.total_batch_size

@@ -181,7 +181,7 @@ def notebook_launcher(
         ValueError: a bad argument.
     """
     _refuse_inside_workers("notebook_launcher")
-    settings = LaunchSettings(num_processes=num_processes, mixed_precision=mixed_precision, num_machines=num_nodes)
+    settings = LaunchSettings(num_processes=num_processes, mixed_precision=mixed_precision)  # per node here
     env = worker_environment(settings)
     if num_processes is None:
         import torch

@@ -206,17 +206,18 @@ class ResultsStore:
         return float(value)
 
     # reduction
-    def _agree(self, local: dict[str, tuple[str, bool]]) -> dict[str, tuple[str, bool]]:
-        """The union over ranks of ``{name: (kind, present)}``, in sorted order, identical on every rank."""
+    def _agree(self, local: dict[str, str]) -> tuple[dict[str, str], set[str]]:
+        """The union over ranks of ``{name: kind}`` (sorted, identical on every rank) and the names some rank lacks."""
         if self.world_size == 1:
-            return dict(sorted(local.items()))
-        merged: dict[str, tuple[str, bool]] = {}
-        for rank_items in self._gather_object(dict(local)):
-            for name, (kind, _) in rank_items.items():
-                if name in merged and merged[name][0] != kind:
-                    raise ValueError(f"{name!r} was logged with reduce_fx={kind!r} on one process and {merged[name][0]!r} on another")
-                merged[name] = (kind, name in local)
-        return dict(sorted(merged.items()))
+            return dict(sorted(local.items())), set()
+        merged: dict[str, str] = {}
+        per_rank = self._gather_object(dict(local))
+        for rank_items in per_rank:
+            for name, kind in rank_items.items():
+                if merged.setdefault(name, kind) != kind:
+                    raise ValueError(f"{name!r} was logged with reduce_fx={kind!r} on one process and {merged[name]!r} on another")
+        missing = {name for name in merged if any(name not in rank_items for rank_items in per_rank)}
+        return dict(sorted(merged.items())), missing
 
     def _reduce_values(self, pairs: dict[str, tuple[str, Any, Any]]) -> dict[str, Any]:
         """Reduce ``{name: (kind, a, b)}`` across ranks: a mean is ``sum(a) / sum(b)``; None means absent."""
@@ -242,9 +243,8 @@ class ResultsStore:
         """
         entries = self._entries.get("train", {})
         dirty = {n: e for n, e in entries.items() if e.on_step and e.step_dirty}
-        synced = self._agree({n: ("mean", True) for n, e in dirty.items() if e.sync_dist and e.metric is None})
-        reduced = self._reduce_values({n: ("mean", dirty[n].step_value if present else None, 1.0 if present else None)
-                                       for n, (_, present) in synced.items()})
+        synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None})
+        reduced = self._reduce_values({n: ("mean", dirty[n].step_value, 1.0) if n in dirty else ("mean", None, None) for n in synced})
         values: dict[str, Any] = {}
         for name, entry in dirty.items():
             entry.step_dirty = False
@@ -260,23 +260,25 @@ class ResultsStore:
             `logged_metrics` and `progress_bar_metrics` are updated.
         """
         entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch}
-        local = {n: ("metric" if e.metric is not None else e.reduce_fx, e.updates > 0) for n, e in entries.items() if e.updates > 0 or e.metric is not None}
-        local = {n: kind_present for n, kind_present in local.items() if entries[n].sync_dist or entries[n].metric is not None}
-        agreed = self._agree(local)
+        local = {n: "metric" if e.metric is not None else e.reduce_fx for n, e in entries.items()
+                 if e.metric is not None or (e.sync_dist and e.updates > 0)}
+        agreed, missing = self._agree(local)
+        lacking = sorted(n for n in missing if agreed[n] == "metric")
+        if lacking:
+            raise RuntimeError(
+                f"the torchmetrics Metric(s) {lacking} were logged on some processes but not on others; log them on every "
+                "process (each must join compute()), e.g. call self.log in validation_step even when a rank has no batch"
+            )
         values: dict[str, Any] = {}
-        for name, (kind, _) in agreed.items():
-            if kind != "metric":
-                continue
-            if name not in entries:
-                raise RuntimeError(
-                    f"the torchmetrics Metric {name!r} was logged on some processes but not on this one; "
-                    "log it on every process (each rank must join its compute())"
-                )
+        for name in (n for n, kind in agreed.items() if kind == "metric"):
             values[name] = entries[name].metric.compute()
             entries[name].metric.reset()
-        to_reduce = {n: (k, entries[n].total if n in entries and entries[n].updates else None,
-                         (entries[n].weight if k == "mean" else 1.0) if n in entries and entries[n].updates else None)
-                     for n, (k, _) in agreed.items() if k != "metric"}
+        to_reduce = {}
+        for name, kind in agreed.items():
+            if kind != "metric":
+                entry = entries.get(name)
+                here = entry is not None and entry.updates > 0
+                to_reduce[name] = (kind, entry.total if here else None, (entry.weight if kind == "mean" else 1.0) if here else None)
         values.update(self._reduce_values(to_reduce))
         for name, entry in entries.items():
             if name not in values and entry.updates > 0 and entry.metric is None:

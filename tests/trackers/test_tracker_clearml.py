@@ -7,11 +7,11 @@ import json
 import pytest
 from tracker_scenario import CONFIG, STEPS, expected_acc, expected_loss
 
-pytest.importorskip("clearml")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from the package's own HOCON parser
 
 
 def test_clearml_offline_round_trip(run_scenario, offline_env):
+    pytest.importorskip("clearml")  # after offline_env: some packages read the environment at import
     from clearml.utilities.pyhocon import ConfigFactory
 
     run_scenario("clearml", project_name="clearml-proj", init_kwargs={"clearml": {"offline": True}})

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from tracker_scenario import CONFIG, FLAT_CONFIG, STEPS, expected_acc, expected_loss
 
-pytest.importorskip("tensorboard")
-
 
 def test_tensorboard_round_trip(run_scenario, offline_env):
+    pytest.importorskip("tensorboard")  # after offline_env: some packages read the environment at import
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 

@@ -8,8 +8,6 @@ import pytest
 from record_log import read_chunks
 from tracker_scenario import CONFIG, STEPS, expected_acc, expected_loss
 
-pytest.importorskip("wandb")
-
 
 def _records(run_file):
     from wandb.proto import wandb_internal_pb2
@@ -20,6 +18,7 @@ def _records(run_file):
 
 
 def test_wandb_offline_round_trip(run_scenario, offline_env):
+    pytest.importorskip("wandb")  # after offline_env: some packages read the environment at import
     hub = run_scenario("wandb", project_name="wb-proj")
     (run_file,) = (offline_env / "out" / "wandb").glob("offline-run-*/run-*.wandb")
 

@@ -53,3 +53,128 @@ def test_default_schedule() -> None:
     assert ModelCheckpoint(every_n_train_steps=5).every_n_epochs == 0
     assert ModelCheckpoint(every_n_train_steps=5, every_n_epochs=2).every_n_epochs == 2
     assert ModelCheckpoint._runs_last is True
+
+
+# ------------------------------------------------------------------------------- with a real Trainer
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from trainer import Trainer, TrainModule  # noqa: E402
+
+VAL_LOSSES = (5.0, 3.0, 4.0, 1.0, 2.0)
+
+
+class ScriptedNet(TrainModule):
+    """Trains a linear layer; its validation loss per epoch is scripted, so top-k outcomes are known."""
+
+    def __init__(self, val_losses: Sequence[float] = VAL_LOSSES) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 1)
+        self.val_losses = list(val_losses)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", torch.tensor(self.val_losses[self.trainer.current_epoch]))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def tiny_loader() -> DataLoader:
+    x = torch.arange(16, dtype=torch.float32).reshape(8, 2) / 16
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)  # 2 batches per epoch
+
+
+def fit(root: Path, callbacks: list[Any], *, max_epochs: int = len(VAL_LOSSES), ckpt_path: str | None = None,
+        module: TrainModule | None = None, **kwargs: Any) -> Trainer:
+    trainer = Trainer(max_epochs=max_epochs, callbacks=callbacks, log_with=None, enable_progress_bar=False,
+                      enable_model_summary=False, project_dir=str(root), num_sanity_val_steps=1, **kwargs)
+    trainer.fit(module or ScriptedNet(), tiny_loader(), tiny_loader(), ckpt_path=ckpt_path)
+    return trainer
+
+
+def saved_names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("mode, kept, best", [
+    ("min", ["epoch=3-val_loss=1.0", "epoch=4-val_loss=2.0"], ("epoch=3-val_loss=1.0", 1.0)),
+    ("max", ["epoch=0-val_loss=5.0", "epoch=2-val_loss=4.0"], ("epoch=0-val_loss=5.0", 5.0)),
+])
+def test_top_k_by_monitor(tmp_path: Path, mode: str, kept: list[str], best: tuple[str, float]) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", filename="{epoch}-{val_loss:.1f}", monitor="val_loss", mode=mode, save_top_k=2)
+    fit(tmp_path, [cb])
+    assert saved_names(tmp_path / "ck") == kept
+    assert (Path(cb.best_model_path).name, cb.best_model_score) == best
+    assert sorted(Path(p).name for p in cb.best_k_models) == kept
+    pointer = json.loads((tmp_path / "ck" / "last.json").read_text())["last"]
+    assert pointer == (kept[-1] if mode == "min" else "epoch=2-val_loss=4.0")
+
+
+def test_save_last_keeps_the_newest_state(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
+    trainer = fit(tmp_path, [cb])
+    assert saved_names(tmp_path / "ck") == ["epoch=3-step=8", "last-epoch=4-step=10"]
+    assert Path(cb.last_model_path).name == "last-epoch=4-step=10"
+    assert json.loads((tmp_path / "ck" / "last.json").read_text())["last"] == "last-epoch=4-step=10"
+    from trainer.checkpointing import resolve_ckpt_path
+
+    assert resolve_ckpt_path(trainer, "last") == Path(cb.last_model_path)
+    assert resolve_ckpt_path(trainer, "best") == Path(cb.best_model_path)
+
+
+def test_without_monitor_keeps_the_newest(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=2, every_n_epochs=2)
+    fit(tmp_path, [cb])
+    assert saved_names(tmp_path / "ck") == ["epoch=1-step=4", "epoch=3-step=8"]
+    assert Path(cb.best_model_path).name == "epoch=3-step=8" and cb.best_model_score is None
+
+
+def test_every_n_train_steps(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=3, save_top_k=-1)
+    fit(tmp_path, [cb], max_epochs=4)
+    assert saved_names(tmp_path / "ck") == ["epoch=1-step=3", "epoch=2-step=6"]
+
+
+def test_default_dirpath_is_under_project_dir(tmp_path: Path) -> None:
+    trainer = fit(tmp_path, [], max_epochs=2)
+    assert saved_names(tmp_path / "checkpoints") == ["epoch=1-step=4"]
+    assert trainer.checkpoint_callback.dirpath == (tmp_path / "checkpoints").absolute()
+
+
+def test_missing_monitor_names_the_logged_metrics(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_acc")
+    with pytest.raises(RuntimeError, match=r"val_acc.*\['train_loss', 'val_loss'\]"):
+        fit(tmp_path, [cb])
+
+
+def test_validate_and_sanity_check_do_not_save(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss")
+    trainer = Trainer(callbacks=[cb], log_with=None, enable_progress_bar=False, enable_model_summary=False, project_dir=str(tmp_path))
+    trainer.validate(ScriptedNet(), tiny_loader())
+    assert not (tmp_path / "ck").exists()
+
+
+def test_state_is_restored_on_resume(tmp_path: Path) -> None:
+    def make() -> ModelCheckpoint:
+        return ModelCheckpoint(dirpath=tmp_path / "ck", filename="{epoch}-{val_loss:.1f}", monitor="val_loss", save_top_k=2)
+
+    fit(tmp_path / "straight", [ModelCheckpoint(dirpath=tmp_path / "straight_ck", filename="{epoch}-{val_loss:.1f}",
+                                                monitor="val_loss", save_top_k=2)])
+    fit(tmp_path, [make()], max_epochs=3)
+    assert saved_names(tmp_path / "ck") == ["epoch=1-val_loss=3.0", "epoch=2-val_loss=4.0"]
+    resumed = make()
+    fit(tmp_path, [resumed], ckpt_path="last")
+    assert saved_names(tmp_path / "ck") == saved_names(tmp_path / "straight_ck")
+    assert Path(resumed.best_model_path).name == "epoch=3-val_loss=1.0" and resumed.best_model_score == 1.0

@@ -187,10 +187,10 @@ def test_state_dict_round_trip_mid_epoch(epoch, shuffle, process_index):
     assert resumed.state_dict()["batches_yielded"] == 0
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_resume_leaves_the_rng_where_the_uninterrupted_run_has_it(num_workers):
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 1}, {"num_workers": 1, "persistent_workers": True}])
+def test_resume_leaves_the_rng_where_the_uninterrupted_run_has_it(workers):
     def make():
-        loader = DataLoader(tensor_data(12), batch_size=2, shuffle=True, num_workers=num_workers)
+        loader = DataLoader(tensor_data(12), batch_size=2, shuffle=True, **workers)
         return prepare_data_loader(loader, seed=2)
 
     torch.manual_seed(0)

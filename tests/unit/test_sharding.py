@@ -241,6 +241,8 @@ def test_batch_sampler_shard_len_and_skip(length, batch_size, num_processes, spl
                 assert len(shard) - len(full) in (0, 1)
             else:
                 assert len(full) == len(shard)
-            shard.skip_next = 2
+            shard.first_batch = 2
             assert list(shard) == full[2:]
-            assert list(shard) == full  # the skip applies to one pass only
+            assert list(shard) == full[2:]
+            shard.first_batch = 0
+            assert list(shard) == full

@@ -1,0 +1,304 @@
+"""Time per training step: a raw PyTorch loop against the `Accelerator` face and the `Trainer`.
+
+The clock is inside the model: ``Net.forward`` counts its calls and reads ``time.perf_counter()`` at call
+``start`` and at call ``stop``, so every contender is timed over the same steady-state window of
+``stop - start`` whole steps (forward, backward, optimizer step, logging, progress bar, fetching the next
+batch), with the same tiny instrumentation cost, and without the fixed costs of setting up or ending a run.
+Those fixed costs are reported separately (whole session time minus ``steps × per-step time``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks.common import Row, Section, interleaved
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model size, a batch size and the timed window (in steps)."""
+
+    name: str
+    sizes: tuple[int, ...]
+    batch_size: int
+    start: int
+    steps: int
+
+    @property
+    def num_batches(self) -> int:
+        return self.start + self.steps + 2
+
+
+TINY = Workload("tiny MLP 32-64-10, batch 32", (32, 64, 10), 32, start=30, steps=1000)
+MEDIUM = Workload("medium MLP 1024-4x1024-10, batch 256", (1024, 1024, 1024, 1024, 1024, 10), 256, start=3, steps=20)
+
+
+class StepClock:
+    """Reads the time at the `start`-th and `stop`-th call of `tick`."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.calls = 0
+        self.start = start
+        self.stop = stop
+        self.t0 = 0.0
+        self.t1 = 0.0
+
+    def tick(self) -> None:
+        self.calls += 1
+        if self.calls == self.start:
+            self.t0 = time.perf_counter()
+        elif self.calls == self.stop:
+            self.t1 = time.perf_counter()
+
+    def per_step(self) -> float:
+        if self.t1 <= self.t0 or self.calls < self.stop:
+            raise RuntimeError(f"the timed window was not reached: {self.calls} forward calls, needed {self.stop}")
+        return (self.t1 - self.t0) / (self.stop - self.start)
+
+
+class Net(nn.Module):
+    """An MLP (ReLU between the layers) whose forward ticks a `StepClock`."""
+
+    def __init__(self, sizes: tuple[int, ...], clock: StepClock) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        self.layers = nn.Sequential(*layers)
+        self.clock = clock
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.tick()
+        return self.layers(x)
+
+
+@dataclass
+class Session:
+    """What one run of a contender produced."""
+
+    per_step: float
+    total: float
+    state: dict[str, torch.Tensor]
+
+
+def make_data(work: Workload, seed: int = 0) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    n = work.num_batches * work.batch_size
+    x = torch.randn(n, work.sizes[0], generator=gen)
+    y = torch.randint(0, work.sizes[-1], (n,), generator=gen)
+    return TensorDataset(x, y)
+
+
+def _net(work: Workload) -> Net:
+    torch.manual_seed(0)
+    return Net(work.sizes, StepClock(work.start, work.start + work.steps))
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """Send stdout/stderr (progress bars, summaries) to /dev/null: formatting still runs, the terminal does not."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield
+
+
+def raw_loop(work: Workload, data: TensorDataset) -> Session:
+    """The plain PyTorch loop every other contender is compared with."""
+    model = _net(work)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    begin = time.perf_counter()
+    loader = DataLoader(data, batch_size=work.batch_size)
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    total = time.perf_counter() - begin
+    return Session(model.clock.per_step(), total, model.state_dict())
+
+
+def accelerator_loop(work: Workload, data: TensorDataset, *, accumulate: bool = False, accelerator_cls: Any = None) -> Session:
+    """The same loop written for Accelerate: only ``prepare`` and ``accelerator.backward`` differ."""
+    if accelerator_cls is None:
+        from trainer import Accelerator as accelerator_cls
+    model = _net(work)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    begin = time.perf_counter()
+    accelerator = accelerator_cls()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=work.batch_size))
+    model.train()
+    for x, y in loader:
+        with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+    total = time.perf_counter() - begin
+    net = accelerator.unwrap_model(model)
+    return Session(net.clock.per_step(), total, net.state_dict())
+
+
+def _module_class() -> type:
+    from trainer import TrainModule
+
+    class Module(TrainModule):
+        def __init__(self, net: Net, log: bool) -> None:
+            super().__init__()
+            self.net = net
+            self.log_every_step = log
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = F.cross_entropy(self.net(x), y)
+            if self.log_every_step:
+                self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Module
+
+
+def trainer_fit(work: Workload, data: TensorDataset, *, defaults: bool) -> Session:
+    """`Trainer.fit` for one epoch: barebones, or with the default callbacks and ``self.log`` every step."""
+    from trainer import Trainer
+
+    module = _module_class()(_net(work), log=defaults)
+    project = tempfile.mkdtemp(prefix="bench-trainer-")
+    try:
+        with _quiet():
+            begin = time.perf_counter()
+            if defaults:
+                trainer = Trainer(max_epochs=1, project_dir=project)
+            else:
+                trainer = Trainer(max_epochs=1, project_dir=project, enable_progress_bar=False, enable_checkpointing=False,
+                                  enable_model_summary=False, log_with=None)
+            trainer.fit(module, DataLoader(data, batch_size=work.batch_size))
+            total = time.perf_counter() - begin
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+    return Session(module.net.clock.per_step(), total, module.net.state_dict())
+
+
+def lightning_fit(work: Workload, data: TensorDataset, *, defaults: bool) -> Session:
+    """Lightning's Trainer on the same module (only when ``lightning`` is installed)."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self, net: Net, log: bool) -> None:
+            super().__init__()
+            self.net, self.log_every_step = net, log
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = F.cross_entropy(self.net(batch[0]), batch[1])
+            if self.log_every_step:
+                self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    module = Module(_net(work), defaults)
+    project = tempfile.mkdtemp(prefix="bench-lightning-")
+    flags = {} if defaults else {"enable_progress_bar": False, "enable_checkpointing": False, "logger": False,
+                                 "enable_model_summary": False}
+    try:
+        with _quiet():
+            begin = time.perf_counter()
+            trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, default_root_dir=project, **flags)
+            trainer.fit(module, DataLoader(data, batch_size=work.batch_size))
+            total = time.perf_counter() - begin
+    finally:
+        shutil.rmtree(project, ignore_errors=True)
+    return Session(module.net.clock.per_step(), total, module.net.state_dict())
+
+
+def contenders(work: Workload, data: TensorDataset) -> tuple[dict[str, Callable[[], Session]], list[str]]:
+    """Every contender for `work`, and notes on the ones skipped."""
+    runs: dict[str, Callable[[], Session]] = {
+        "raw PyTorch loop": lambda: raw_loop(work, data),
+        "Accelerator": lambda: accelerator_loop(work, data),
+        "Accelerator + accumulate()": lambda: accelerator_loop(work, data, accumulate=True),
+        "Trainer barebones": lambda: trainer_fit(work, data, defaults=False),
+        "Trainer defaults + self.log": lambda: trainer_fit(work, data, defaults=True),
+    }
+    notes = []
+    if importlib.util.find_spec("accelerate") is not None:
+        from accelerate import Accelerator as HFAccelerator
+
+        runs["HF Accelerate"] = lambda: accelerator_loop(work, data, accelerator_cls=HFAccelerator)
+    else:
+        notes.append("Hugging Face Accelerate is not installed: its row is skipped.")
+    if importlib.util.find_spec("lightning") is not None:
+        runs["Lightning Trainer barebones"] = lambda: lightning_fit(work, data, defaults=False)
+        runs["Lightning Trainer defaults + self.log"] = lambda: lightning_fit(work, data, defaults=True)
+    else:
+        notes.append("Lightning is not installed: its rows are skipped.")
+    return runs, notes
+
+
+def check_identical_weights(work: Workload) -> str:
+    """Train every contender on the same unshuffled data from the same seed; the weights must match bit for bit."""
+    short = Workload(work.name, work.sizes, work.batch_size, start=1, steps=min(work.steps, 60))
+    data = make_data(short)
+    runs, _ = contenders(short, data)
+    reference = runs.pop("raw PyTorch loop")().state
+    for name, run in runs.items():
+        state = run().state
+        different = [k for k in reference if not torch.equal(reference[k], state[k])]
+        if different:
+            raise AssertionError(f"{name} did not reproduce the raw loop's weights bit for bit (differs in {different})")
+    return f"{', '.join(runs)}: weights identical to the raw loop, bit for bit, after {short.num_batches} fp32 steps."
+
+
+TARGETS = {
+    ("tiny", "Accelerator"): "≤ 1.05",
+    ("tiny", "Trainer defaults + self.log"): "≤ 1.10",
+    ("medium", "Accelerator"): "≤ 1.01",
+    ("medium", "Trainer defaults + self.log"): "≤ 1.01",
+}
+
+
+def run(*, quick: bool) -> list[Section]:
+    """Measure both workloads; returns the per-step and the fixed-cost tables."""
+    sections = []
+    for key, work in (("tiny", TINY), ("medium", MEDIUM)):
+        if quick:
+            work = Workload(work.name, work.sizes, work.batch_size, work.start, max(work.steps // 3, 5))
+        rounds = (3 if quick else 15) if key == "tiny" else (3 if quick else 7)
+        data = make_data(work)
+        runs, notes = contenders(work, data)
+        sessions: dict[str, list[Session]] = {name: [] for name in runs}
+
+        def timed(name: str) -> Callable[[], float]:
+            def call() -> float:
+                session = runs[name]()
+                sessions[name].append(session)
+                return session.per_step
+            return call
+
+        rows = interleaved({name: timed(name) for name in runs}, "raw PyTorch loop", rounds, unit="µs/step", scale=1e6)
+        for (k, name), target in TARGETS.items():
+            if k == key and name in rows:
+                rows[name].target = target
+        notes.insert(0, check_identical_weights(work))
+        notes.append(f"{rounds} interleaved rounds; each timed window is {work.steps} steps after {work.start} warm-up steps.")
+        sections.append(Section(f"Time per training step — {work.name}", "raw loop", list(rows.values()), notes))
+        fixed = [Row(name, "ms", [1e3 * (s.total - s.per_step * work.num_batches) for s in sessions[name]]) for name in runs]
+        sections.append(Section(f"Fixed cost per run (setup + teardown beyond the steps) — {work.name}", "", fixed, [], with_ratios=False))
+    return sections

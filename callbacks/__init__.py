@@ -1,0 +1,37 @@
+"""Callbacks for the `Trainer`: the `Callback` base, the built-ins, and trackers (`callbacks.trackers`).
+
+Built-ins are imported on first use so that importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from callbacks.base import Callback
+
+_EXPORTS = {
+    "ModelCheckpoint": "callbacks.checkpoint",
+    "EarlyStopping": "callbacks.early_stopping",
+    "ProgressBar": "callbacks.progress",
+    "LearningRateMonitor": "callbacks.lr_monitor",
+    "ModelSummary": "callbacks.summary",
+    "Timer": "callbacks.timer",
+    "ThroughputMonitor": "callbacks.throughput",
+    "OnExceptionCheckpoint": "callbacks.on_exception",
+}
+
+__all__ = ["Callback", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

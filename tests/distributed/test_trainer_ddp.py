@@ -1,0 +1,173 @@
+"""The Trainer on 2 real gloo processes: gradient sync, exact evaluation, predict order, skipped steps, stopping.
+
+Every check runs inside one 2-process start-up (forked ranks, 60 s process-group timeout, outer timeout).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.base import Callback
+from tests.helpers.multiprocess import run_distributed
+from trainer.module import TrainModule
+from trainer.trainer import Trainer
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+
+class Regression(TrainModule):
+    def __init__(self, skip: tuple[int, int] | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.skip = skip  # (rank, batch_idx) on which training_step returns None
+        self.skipped = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        if self.skip == (self.trainer.global_rank, batch_idx):
+            self.skipped += 1
+            return None
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("loss", loss, sync_dist=True, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Counting(TrainModule):
+    """Evaluation on the sample values themselves: means, sums and maxima are known exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.scale = torch.nn.Parameter(torch.ones(()))
+        self.total = torchmetrics.SumMetric()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        (x,) = batch
+        self.log("mean", x.mean(), sync_dist=True)
+        self.log("count", float(len(x)), reduce_fx="sum", sync_dist=True)
+        self.log("max", x.max(), reduce_fx="max", sync_dist=True)
+        self.log("local_mean", x.mean())
+        self.total.update(x.sum())
+        self.log("total", self.total)
+
+    test_step = validation_step
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+
+class StopOnRankZero(Callback):
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_rank == 0 and trainer.global_step == 3:
+            trainer.should_stop = True
+
+
+def _trainer(tmp: str, **kwargs: Any) -> Trainer:
+    return Trainer(strategy="ddp", devices=2, log_with=None, project_dir=tmp, enable_progress_bar=False,
+                   enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                   process_group_timeout=60, **kwargs)
+
+
+def _regression_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g))
+
+
+def _single_process_reference(skip_global_batch: int | None) -> list[torch.Tensor]:
+    """Plain SGD on global batches of 4 (2 per rank): what 2-process DDP must reproduce."""
+    x, y = _regression_data().tensors
+    model = Regression()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, start in enumerate(range(0, 16, 4)):
+        if step == skip_global_batch:
+            continue
+        # the mean over ranks of each rank's mean loss over its 2 samples (rank r holds rows start+2r, start+2r+1)
+        torch.nn.functional.mse_loss(model(x[start : start + 4]), y[start : start + 4]).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _checks(tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    trainer = _trainer(tmp, max_epochs=1)
+    out["world"] = (trainer.world_size, trainer.global_rank, trainer.is_global_zero)
+    module = Regression()
+    trainer.fit(module, DataLoader(_regression_data(), batch_size=2))
+    out["steps"] = trainer.global_step
+    out["params"] = [p.detach().clone() for p in module.parameters()]
+    out["reference"] = _single_process_reference(None)
+    out["loss_epoch"] = trainer.callback_metrics["loss_epoch"]
+
+    # rank 1 skips its batch 1: every rank must skip that step, without hanging
+    trainer = _trainer(tmp, max_epochs=1)
+    module = Regression(skip=(1, 1))
+    trainer.fit(module, DataLoader(_regression_data(), batch_size=2))
+    out["skip_steps"] = trainer.global_step
+    out["skip_params"] = [p.detach().clone() for p in module.parameters()]
+    out["skip_reference"] = _single_process_reference(1)
+
+    # should_stop set on rank 0 only: both ranks stop at the same step
+    trainer = _trainer(tmp, max_epochs=3, callbacks=[StopOnRankZero()])
+    trainer.fit(Regression(), DataLoader(_regression_data(), batch_size=2))
+    out["stop"] = (trainer.global_step, trainer.current_epoch, trainer.should_stop)
+
+    # exact evaluation on 7 samples in batches of 2: rank 0 holds [0,1] [4,5], rank 1 holds [2,3] [6]
+    data = DataLoader(TensorDataset(torch.arange(7, dtype=torch.float32)), batch_size=2)
+    trainer = _trainer(tmp)
+    counting = Counting()
+    out["validate"] = trainer.validate(counting, data)[0]
+    out["num_val_batches"] = trainer.num_val_batches
+    out["test"] = trainer.test(counting, data)[0]
+    out["predict"] = torch.cat(trainer.predict(counting, data)).tolist()
+    out["predict_uneven"] = torch.cat(trainer.predict(counting, DataLoader(TensorDataset(torch.arange(5.0)), batch_size=3))).tolist()
+    # one sample: rank 1 has no batch at all and still joins the epoch-end reduction
+    tiny = _trainer(tmp)
+    lone = Counting()
+    lone.validation_step = lambda batch, idx: lone.log("mean", batch[0].mean(), sync_dist=True)  # type: ignore[method-assign]
+    out["tiny"] = tiny.validate(lone, DataLoader(TensorDataset(torch.tensor([5.0])), batch_size=2))[0]
+    out["tiny_batches"] = tiny.num_val_batches
+    return out
+
+
+def test_trainer_on_two_processes(tmp_path: Any) -> None:
+    ranks = run_distributed(_checks, str(tmp_path), nprocs=2, timeout=240)
+    for rank, out in enumerate(ranks):
+        assert out["world"] == (2, rank, rank == 0)
+        # gradients are synchronized: identical to single-process SGD on the global batch, on both ranks
+        assert out["steps"] == 4
+        for got, want in zip(out["params"], out["reference"]):
+            torch.testing.assert_close(got, want)
+        for got, want in zip(out["skip_params"], out["skip_reference"]):
+            torch.testing.assert_close(got, want)
+        assert out["skip_steps"] == 3
+        assert out["stop"] == (3, 1, True)  # the stopped epoch counts as finished, as in Lightning
+        # exact distributed evaluation: every sample once, no wrap-around duplicate
+        assert out["validate"]["mean"] == pytest.approx(3.0)
+        assert out["validate"]["count"] == 7.0
+        assert out["validate"]["max"] == 6.0
+        assert out["validate"]["total"] == pytest.approx(21.0)
+        assert out["test"]["total"] == pytest.approx(21.0) and out["test"]["mean"] == pytest.approx(3.0)
+        assert out["predict"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        assert out["predict_uneven"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert out["num_val_batches"] == 2
+    assert ranks[0]["loss_epoch"] == pytest.approx(ranks[1]["loss_epoch"])  # sync_dist: one value everywhere
+    assert ranks[0]["validate"]["local_mean"] == pytest.approx(2.5)  # not synced: (0+1+4+5)/4 on rank 0
+    assert ranks[1]["validate"]["local_mean"] == pytest.approx(11 / 3)  # (2+3+6)/3 on rank 1
+    assert ranks[0]["tiny"] == {"mean": 5.0} and ranks[0]["tiny_batches"] == 1 and ranks[1]["tiny_batches"] == 0

@@ -1,0 +1,193 @@
+"""``self.log`` semantics: step/epoch names, weighted means, reduce_fx, torchmetrics, and what reaches trackers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.base import Callback
+from trainer.metrics_logging import ResultsStore, infer_batch_size
+from trainer.module import TrainModule
+from trainer.trainer import Trainer
+
+
+def _store() -> ResultsStore:
+    return ResultsStore(device=torch.device("cpu"), reduce=lambda t, op: t, gather_object=lambda o: [o])
+
+
+# ------------------------------------------------------------------------------------- the store alone
+def test_epoch_mean_is_weighted_by_batch_size() -> None:
+    store = _store()
+    store.set_context("validation", False)
+    store.log("acc", torch.tensor(1.0), batch_size=3)
+    store.log("acc", 5.0, batch_size=1)
+    values, logged = store.reduce_epoch("validation")
+    assert values == logged == {"acc": pytest.approx(2.0)}  # (3 * 1 + 1 * 5) / 4
+
+
+def test_batch_size_is_inferred_from_the_batch() -> None:
+    store = _store()
+    store.set_context("validation", False)
+    for rows, value in ((4, 1.0), (2, 4.0)):
+        store.set_batch((torch.zeros(rows, 3), torch.zeros(rows)))
+        store.log("x", value)
+    assert store.reduce_epoch("validation")[0]["x"] == pytest.approx(2.0)
+    assert infer_batch_size({"a": [torch.zeros(7, 2)]}) == 7
+
+
+@pytest.mark.parametrize(("fx", "expected"), [("sum", 9.0), ("max", 5.0), ("min", 1.0), (torch.max, 5.0), ("mean", 3.0)])
+def test_reduce_fx(fx: Any, expected: float) -> None:
+    store = _store()
+    store.set_context("test", False)
+    for v in (1.0, 3.0, 5.0):
+        store.log("v", torch.tensor(v), reduce_fx=fx, batch_size=1)
+    assert store.reduce_epoch("test")[0] == {"v": pytest.approx(expected)}
+
+
+def test_training_defaults_are_per_step_and_both_give_suffixed_names() -> None:
+    store = _store()
+    store.set_context("train", True)
+    store.log("loss", torch.tensor(2.0), batch_size=1)
+    store.log("both", torch.tensor(4.0), on_epoch=True, batch_size=1, prog_bar=True)
+    store.log("both", torch.tensor(6.0), on_epoch=True, batch_size=1, prog_bar=True)
+    assert set(store.callback_metrics) == {"loss", "both", "both_step"}
+    assert isinstance(store.callback_metrics["loss"], torch.Tensor)  # kept on device: no host sync per step
+    assert store.flush_step() == {"loss": 2.0, "both_step": 6.0}
+    assert store.flush_step() == {}  # nothing new since
+    values, _ = store.reduce_epoch("train")
+    assert values == {"both_epoch": 5.0}
+    assert store.callback_metrics["both"] == 5.0 and store.progress_bar_metrics["both_epoch"] == 5.0
+
+
+def test_logger_false_is_kept_out_of_the_loggers() -> None:
+    store = _store()
+    store.set_context("validation", False)
+    store.log("hidden", 1.0, logger=False)
+    store.log("shown", 2.0)
+    values, logged = store.reduce_epoch("validation")
+    assert values == {"hidden": 1.0, "shown": 2.0} and logged == {"shown": 2.0}
+    assert store.logged_metrics == {"shown": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"value": torch.ones(3)}, ValueError, "tensor of shape \\(3,\\)"),
+        ({"value": "high"}, TypeError, "value of type str"),
+        ({"value": 1.0, "reduce_fx": "median"}, ValueError, "reduce_fx='median'"),
+        ({"value": 1.0, "on_step": True}, ValueError, "only supported in training"),
+        ({"value": 1.0, "on_step": False, "on_epoch": False}, ValueError, "logs nothing"),
+        ({"value": 1.0, "batch_size": 0}, ValueError, "batch_size=0"),
+    ],
+)
+def test_bad_log_calls_are_explained(kwargs: dict[str, Any], error: type, match: str) -> None:
+    store = _store()
+    store.set_context("validation", False)
+    with pytest.raises(error, match=match):
+        store.log("name", **kwargs)
+
+
+def test_changing_settings_of_a_name_is_refused() -> None:
+    store = _store()
+    store.set_context("validation", False)
+    store.log("a", 1.0)
+    with pytest.raises(ValueError, match="same settings"):
+        store.log("a", 1.0, reduce_fx="sum")
+
+
+# ------------------------------------------------------------------------------------- in a Trainer
+class Recorder(Callback):
+    def __init__(self) -> None:
+        self.records: list[tuple[int, dict[str, float]]] = []
+
+    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, float], step: int) -> None:
+        self.records.append((step, dict(metrics)))
+
+
+class Logs(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        import torchmetrics
+
+        self.total = torchmetrics.SumMetric()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        loss = self.layer(x).pow(2).mean()
+        self.log("loss", loss, on_step=True, on_epoch=True)
+        self.log("seen", float(len(x)), reduce_fx="sum", on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        (x,) = batch
+        self.log("x_mean", x.mean())
+        self.total.update(x.sum())
+        self.log("x_sum", self.total)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _data(n: int, batch_size: int) -> DataLoader:
+    return DataLoader(TensorDataset(torch.arange(n, dtype=torch.float32)[:, None]), batch_size=batch_size)
+
+
+def _trainer(tmp_path: Any, **kwargs: Any) -> Trainer:
+    return Trainer(log_with=None, project_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, **kwargs)
+
+
+def test_epoch_values_and_what_the_trackers_receive(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=2, log_every_n_steps=2, num_sanity_val_steps=0, callbacks=[recorder])
+    module = Logs()
+    trainer.fit(module, _data(4, 1), _data(5, 2))  # validation batches of 2, 2, 1
+    metrics = trainer.callback_metrics
+    assert metrics["x_mean"] == pytest.approx(2.0)  # weighted: the mean of 0..4, not of the batch means (2.0 vs 1.83)
+    assert metrics["x_sum"] == pytest.approx(10.0)  # torchmetrics: computed and reset every epoch
+    assert metrics["seen"] == 4.0
+    assert {"loss", "loss_step", "loss_epoch"} <= set(metrics)
+    steps = [(step, sorted(values)) for step, values in recorder.records]
+    assert steps == [
+        (2, ["epoch", "loss_step"]), (4, ["epoch", "loss_step"]),
+        (4, ["epoch", "x_mean", "x_sum"]), (4, ["epoch", "loss_epoch", "seen"]),
+        (6, ["epoch", "loss_step"]), (8, ["epoch", "loss_step"]),
+        (8, ["epoch", "x_mean", "x_sum"]), (8, ["epoch", "loss_epoch", "seen"]),
+    ]
+    assert [values["epoch"] for _, values in recorder.records] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert trainer.logged_metrics["x_sum"] == pytest.approx(10.0)
+
+
+def test_validate_and_test_return_epoch_metrics(tmp_path: Any) -> None:
+    trainer = _trainer(tmp_path)
+    module = Logs()
+    module.test_step = module.validation_step  # type: ignore[method-assign]
+    assert trainer.validate(module, _data(3, 2)) == [{"x_mean": pytest.approx(1.0), "x_sum": pytest.approx(3.0)}]
+    assert trainer.test(module, _data(5, 4)) == [{"x_mean": pytest.approx(2.0), "x_sum": pytest.approx(10.0)}]
+
+
+def test_sanity_check_leaves_no_metrics_behind(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=1, limit_val_batches=0, callbacks=[recorder])
+    trainer.fit(Logs(), _data(2, 1), _data(5, 2))
+    assert "x_mean" not in trainer.callback_metrics
+    assert all("x_mean" not in values for _, values in recorder.records)
+
+
+class LogsInPredict(Logs):
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        self.log("nope", 1.0)
+
+
+def test_logging_in_predict_is_refused(tmp_path: Any) -> None:
+    with pytest.raises(RuntimeError, match="not supported during predict"):
+        _trainer(tmp_path).predict(LogsInPredict(), _data(2, 1))
+
+
+def test_log_outside_a_trainer_says_how_to_attach() -> None:
+    with pytest.raises(RuntimeError, match="not attached to a Trainer"):
+        Logs().log("x", 1.0)
