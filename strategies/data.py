@@ -359,6 +359,7 @@ class DataLoaderShard(DataLoader):
             yield current if device is None else _send(current, device, non_blocking)
         finally:
             self._pass_skip = None
+            progress.end = False  # the pass is over: gather_for_metrics must not trim other loaders' batches
             progress.advance()
 
     def _batches(self, skip: int) -> Iterator[Any]:
@@ -379,7 +380,7 @@ class DataLoaderShard(DataLoader):
                 batches = super().__iter__()
             finally:
                 self._shard.first_batch = 0
-        else:  # iterable data sets cannot seek: their skipped batches are read and dropped here
+        else:  # iterable data sets (and unsharded samplers) cannot seek: skipped batches are read and dropped
             batches = itertools.islice(super().__iter__(), skip, None)
         if state is not None:
             rng.set_state(state)

@@ -137,6 +137,21 @@ def _local_rdzv(master_addr: str, port: int) -> dict[str, Any]:
     }
 
 
+def _multi_node_rdzv(
+    num_nodes: int, node_rank: int, backend: str, endpoint: str, conf: dict[str, Any] | None
+) -> dict[str, Any]:
+    configs = dict(conf or {})
+    if backend == "static":
+        configs["rank"] = node_rank
+    return {
+        "min_nodes": num_nodes,
+        "max_nodes": num_nodes,
+        "rdzv_backend": backend,
+        "rdzv_endpoint": endpoint,
+        "rdzv_configs": configs,
+    }
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -194,16 +209,8 @@ def notebook_launcher(
     if num_nodes == 1 and rdzv_backend == "static" and not rdzv_endpoint:
         rdzv = _local_rdzv(master_addr, int(use_port))
     else:
-        configs = dict(rdzv_conf or {})
-        if rdzv_backend == "static":
-            configs["rank"] = node_rank
-        rdzv = {
-            "min_nodes": num_nodes,
-            "max_nodes": num_nodes,
-            "rdzv_backend": rdzv_backend,
-            "rdzv_endpoint": rdzv_endpoint or f"{master_addr}:{use_port}",
-            "rdzv_configs": configs,
-        }
+        endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+        rdzv = _multi_node_rdzv(num_nodes, node_rank, rdzv_backend, endpoint, rdzv_conf)
     _launch_function(
         function,
         args,

@@ -310,8 +310,11 @@ class Trainer:
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
+    def _max_steps_reached(self) -> bool:
+        return self.max_steps is not None and self.global_step >= self.max_steps
+
     def _fit_done(self) -> bool:
-        if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+        if self.should_stop or self._max_steps_reached():
             return True
         return self.max_epochs not in (None, -1) and self.current_epoch >= self.max_epochs
 
@@ -359,14 +362,16 @@ class Trainer:
             if val_loader is not None and self._validation_due(batch_idx):
                 self._eval_loop("validation", val_loader, self.num_val_batches)
                 module.train()
-            if self.max_steps is not None and self.global_step >= self.max_steps:
+            if self._max_steps_reached():
                 break
         self._results.set_context("train", False)
         self._dispatch.call_module("on_train_epoch_end")
-        metrics, logged = self._results.reduce_epoch("train")
+        _, logged = self._results.reduce_epoch("train")
         self._dispatch.call_callbacks("on_train_epoch_end")
         self._log_metrics(logged)
-        self._next_epoch(update_plateau=True)
+        cut_by_max_steps = state["batches_done_in_epoch"] < self.num_training_batches and self._max_steps_reached()
+        if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
+            self._next_epoch(update_plateau=True)
 
     def _train_batches(self, start: int) -> Any:
         """An iterator over this epoch's training batches, starting after the `start` already done (resume)."""
@@ -647,7 +652,8 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         precision = str(precision)
         if precision not in _PRECISIONS:
             raise ValueError(f"precision={kw['precision']!r} is not supported; choose one of {', '.join(map(repr, _PRECISIONS))}")
-    _check_int("max_epochs", kw["max_epochs"], -1, allow_none=True, hint=" (-1: no epoch limit, with max_steps)")
+    if kw["max_epochs"] not in (None, -1):
+        _check_int("max_epochs", kw["max_epochs"], 1, hint=", -1 (no epoch limit, with max_steps) or None")
     max_steps = None if kw["max_steps"] == -1 else kw["max_steps"]
     _check_int("max_steps", max_steps, 1, allow_none=True)
     max_epochs = kw["max_epochs"]

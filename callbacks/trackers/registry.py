@@ -129,7 +129,7 @@ def resolve_trackers(log_with: LogWith, *, project_dir: str | os.PathLike[str] |
     """
     if log_with is None:
         return []
-    entries = [log_with] if isinstance(log_with, (str, GeneralTracker)) else log_with
+    entries = [log_with] if isinstance(log_with, (str, GeneralTracker, type)) else log_with
     if not isinstance(entries, Iterable):
         raise TypeError(
             f"log_with must be a tracker name, a LoggerType, a GeneralTracker or a list of them, got {log_with!r}"

@@ -228,3 +228,38 @@ def test_missing_script_is_reported(tmp_path: Path, monkeypatch, capsys) -> None
     monkeypatch.setenv("TRAINWRIGHT_CONFIG_FILE", str(tmp_path / "none.yaml"))
     assert main(["launch", "--num_processes", "2", str(tmp_path / "missing.py")]) == 2
     assert "missing.py' does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_to_the_launcher_stops_every_worker(tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+        "time.sleep(100)\n"
+    )
+    args = [TRAINER, "launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)]
+    launcher = subprocess.Popen(args, env=clean_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        launcher.terminate()
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 143, err
+    assert "stopped by signal SIGTERM" in err
+    time.sleep(1)
+    for rank in (0, 1):
+        pid = int((tmp_path / f"pid{rank}").read_text())
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), f"rank {rank} lives on"
+
+
+def test_python_dash_m_trainer_is_the_cli(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "{launch,config,env,test}" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "trainer"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2

@@ -185,3 +185,11 @@ def test_env_settings_are_defaults(monkeypatch):
 def test_split_batches_is_honoured():
     acc = Accelerator(cpu=True, split_batches=True)
     assert acc.split_batches is True
+
+
+def test_gather_for_metrics_after_another_loader_finished():
+    acc = Accelerator(cpu=True)
+    train, evaluation = acc.prepare(DataLoader(list(range(10)), batch_size=4), DataLoader(list(range(7)), batch_size=4))
+    assert [len(b) for b in train] == [4, 4, 2]
+    seen = [acc.gather_for_metrics(b).tolist() for b in evaluation]
+    assert seen == [[0, 1, 2, 3], [4, 5, 6]]

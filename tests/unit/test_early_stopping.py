@@ -66,3 +66,57 @@ def test_state_round_trip() -> None:
     other.load_state_dict(es.state_dict())
     assert (other.wait_count, other.best_score) == (2, 1.0)
     assert feed(other, [4.0, 5.0]) == [False, True]
+
+
+# ------------------------------------------------------------------------------- with a real Trainer
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from callbacks.base import Callback  # noqa: E402
+from tests.unit.test_checkpoint_callback import ScriptedNet, fit  # noqa: E402
+
+
+class EpochCounter(Callback):
+    def __init__(self) -> None:
+        self.epochs = 0
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        self.epochs += 1
+
+
+PLATEAU = (5.0, 4.0, 4.5, 4.6, 4.7, 1.0, 1.0, 1.0)
+
+
+def test_stops_the_fit_after_patience_checks(tmp_path: Path) -> None:
+    es, counter = EarlyStopping("val_loss", patience=2), EpochCounter()
+    trainer = fit(tmp_path, [counter, es], module=ScriptedNet(PLATEAU), max_epochs=len(PLATEAU), enable_checkpointing=False)
+    assert counter.epochs == 4 and es.stopped_epoch == 3 and es.best_score == 4.0
+    assert trainer.global_step == 8 and "did not improve" in es.stopping_reason
+
+
+def test_missing_monitor_lists_the_logged_metrics(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"val_acc.*\['train_loss', 'val_loss'\]"):
+        fit(tmp_path, [EarlyStopping("val_acc")], enable_checkpointing=False)
+
+
+def test_missing_monitor_with_strict_false_warns(tmp_path: Path) -> None:
+    counter = EpochCounter()
+    with pytest.warns(UserWarning, match="val_acc"):
+        fit(tmp_path, [counter, EarlyStopping("val_acc", strict=False)], max_epochs=2, enable_checkpointing=False)
+    assert counter.epochs == 2
+
+
+def test_state_is_restored_on_resume(tmp_path: Path) -> None:
+    from callbacks.checkpoint import ModelCheckpoint
+
+    def callbacks() -> list[Any]:
+        return [EarlyStopping("val_loss", patience=3), ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=-1)]
+
+    straight = fit(tmp_path / "straight", callbacks()[:1], module=ScriptedNet(PLATEAU), max_epochs=len(PLATEAU),
+                   enable_checkpointing=False)
+    fit(tmp_path, callbacks(), module=ScriptedNet(PLATEAU), max_epochs=3)  # best 4.0 at epoch 1, one check without improvement
+    resumed_cbs = callbacks()
+    resumed = fit(tmp_path, resumed_cbs, module=ScriptedNet(PLATEAU), max_epochs=len(PLATEAU), ckpt_path="last")
+    es = resumed_cbs[0]
+    assert (es.stopped_epoch, es.best_score) == (4, 4.0)
+    assert resumed.global_step == straight.global_step == 10

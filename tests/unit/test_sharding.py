@@ -129,7 +129,7 @@ def fix_split(batch_size, num_processes, split_batches):
     return batch_size * num_processes if split_batches else batch_size
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(**sizes)
 def test_coverage_counts_and_trimmed_gather(length, batch_size, num_processes, split_batches, even_batches, drop_last):
     batch_size = fix_split(batch_size, num_processes, split_batches)
@@ -149,7 +149,7 @@ def test_coverage_counts_and_trimmed_gather(length, batch_size, num_processes, s
     assert gather_in_order(per_rank, real) == list(range(kept))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(**sizes)
 def test_streaming_matches_arithmetic(length, batch_size, num_processes, split_batches, even_batches, drop_last):
     """Any batch sampler goes through the stream path; for a fixed batch size it agrees with the arithmetic one."""
@@ -180,7 +180,7 @@ class ListBatches:
         return len(self.batches)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(
     cuts=st.lists(st.integers(1, 6), max_size=15),
     num_processes=st.integers(1, 4),
@@ -209,7 +209,7 @@ def test_variable_size_batch_sampler(cuts, num_processes, even_batches, drop_las
     assert gather_in_order(per_rank, real) == list(range(bounds[kept]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(**sizes, data=st.data())
 def test_iterable_shard_is_the_flattened_batches(length, batch_size, num_processes, split_batches, even_batches,
                                                  drop_last, data):
@@ -227,7 +227,7 @@ def test_iterable_shard_is_the_flattened_batches(length, batch_size, num_process
         ]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(**sizes)
 def test_batch_sampler_shard_len_and_skip(length, batch_size, num_processes, split_batches, even_batches, drop_last):
     batch_size = fix_split(batch_size, num_processes, split_batches)

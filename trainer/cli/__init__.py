@@ -18,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainer.cli.launch import add_launch_parser
     from trainer.cli.selftest import add_test_parser
 
-    parser = argparse.ArgumentParser(prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test.")
+    parser = argparse.ArgumentParser(
+        prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,test}")
     add_launch_parser(subparsers)
     add_config_parser(subparsers)

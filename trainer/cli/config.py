@@ -105,14 +105,18 @@ class LaunchSettings:
             )
         self.mixed_precision = MIXED_PRECISION_ALIASES[mp]
         if self.rdzv_backend not in RDZV_BACKENDS:
-            raise ValueError(f"rdzv_backend={self.rdzv_backend!r} is not supported; choose one of {', '.join(RDZV_BACKENDS)}")
+            raise ValueError(
+                f"rdzv_backend={self.rdzv_backend!r} is not supported; choose one of {', '.join(RDZV_BACKENDS)}"
+            )
         if not isinstance(self.cpu, bool):
             raise ValueError(f"cpu={self.cpu!r} must be true or false")
         if not isinstance(self.strategy, str) or not self.strategy:
             raise ValueError(f"strategy={self.strategy!r} must be a strategy name such as 'auto', 'ddp' or 'single'")
         if self.process_group_timeout is not None:
             if isinstance(self.process_group_timeout, bool) or not isinstance(self.process_group_timeout, (int, float)):
-                raise ValueError(f"process_group_timeout={self.process_group_timeout!r} must be a number of seconds, e.g. 300")
+                raise ValueError(
+                    f"process_group_timeout={self.process_group_timeout!r} must be a number of seconds, e.g. 300"
+                )
             if self.process_group_timeout <= 0:
                 raise ValueError(f"process_group_timeout={self.process_group_timeout!r} must be positive, e.g. 300")
 

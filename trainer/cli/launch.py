@@ -100,7 +100,9 @@ def rendezvous_arguments(settings: LaunchSettings) -> list[str]:
     ]  # fmt: skip
 
 
-def torchrun_arguments(settings: LaunchSettings, script: str, script_args: Sequence[str], *, module: bool = False) -> list[str]:
+def torchrun_arguments(
+    settings: LaunchSettings, script: str, script_args: Sequence[str], *, module: bool = False
+) -> list[str]:
     """The full ``torch.distributed.run`` command line for ``settings`` (without the program name)."""
     total = total_processes(settings)
     if total % settings.num_machines:
@@ -127,7 +129,11 @@ def describe_failure(error: Any, prefer: Collection[int] = ()) -> tuple[int, str
     those the earliest failure (then the lowest rank) is named as the cause; ranks in ``prefer`` come first.
     """
     failures = error.failures
-    rank, first = min(failures.items(), key=lambda item: (item[0] not in prefer, stopped_by_agent(item[1].exitcode), item[1].timestamp, item[0]))
+    def order(item: tuple[int, Any]) -> tuple[bool, bool, int, int]:
+        rank, failure = item
+        return (rank not in prefer, stopped_by_agent(failure.exitcode), failure.timestamp, rank)
+
+    rank, first = min(failures.items(), key=order)
     code, how = _exit_code(first.exitcode)
     lines = [f"trainer launch: rank {rank} (local rank {first.local_rank}, pid {first.pid}) {how}"]
     if first.error_file != "<N/A>" and first.message:
@@ -161,6 +167,7 @@ def _exit_code(exitcode: int) -> tuple[int, str]:
 def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
     """Run ``torch.distributed.run`` with ``torchrun_args`` and the settings' environment; return the exit code."""
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
@@ -175,6 +182,9 @@ def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
             code, message = describe_failure(err)
             print(message, file=sys.stderr, flush=True)
             return code
+        except SignalException as err:
+            print(f"trainer launch: stopped by signal {err.sigval.name}; the workers were stopped", file=sys.stderr)
+            return 128 + int(err.sigval)
         except (RendezvousError, RuntimeError) as err:
             if not _is_rendezvous_failure(err):
                 raise

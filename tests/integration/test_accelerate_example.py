@@ -1,0 +1,37 @@
+"""The Accelerate-style example runs end to end, on one process and on two through the real launcher."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "accelerate_loop.py"
+
+
+def _check_outputs(project: Path, out: str, epochs: int) -> None:
+    assert out.count("accuracy") == epochs
+    assert "on 397 test samples" in out  # every test sample counted once
+    assert sorted(p.name for p in (project / "checkpoints").iterdir()) == [f"checkpoint_{i}" for i in range(max(0, epochs - 2), epochs)]
+    weights = load_file(str(project / "model" / "model.safetensors"))
+    assert set(weights) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+@pytest.mark.timeout(300)
+def test_single_process(tmp_path):
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "1", "--project_dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    _check_outputs(tmp_path / "run", proc.stdout, 1)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_two_processes_through_the_launcher(tmp_path):
+    cmd = [sys.executable, "-m", "trainer", "launch", "--num_processes", "2", "--main_process_port", "0",
+           str(EXAMPLE), "--epochs", "2", "--project_dir", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _check_outputs(tmp_path / "run", proc.stdout, 2)
