@@ -149,14 +149,9 @@ class ModelCheckpoint(Callback):
     def _saves_on_train_epoch_end(self, trainer: Any) -> bool:
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        if getattr(trainer, "check_val_every_n_epoch", 1) not in (None, 1):
-            return False
         num_val = getattr(trainer, "num_val_batches", 0)
         num_val = sum(num_val) if isinstance(num_val, (list, tuple)) else (num_val or 0)
-        if num_val == 0:
-            return True
-        interval = getattr(trainer, "val_check_interval", None)
-        return interval is None or interval == 1.0
+        return num_val == 0 or validates_once_per_epoch(trainer)
 
     # ----------------------------------------------------------------------------------- saving
     def resolve_dirpath(self, trainer: Any) -> Path:
@@ -289,3 +284,15 @@ class ModelCheckpoint(Callback):
 
         if self.dirpath is not None and path.parent == self.dirpath and is_complete_checkpoint(path):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def validates_once_per_epoch(trainer: Any) -> bool:
+    """True when validation runs exactly at the end of every training epoch (so epoch end follows it)."""
+    if getattr(trainer, "check_val_every_n_epoch", 1) not in (None, 1):
+        return False
+    interval = getattr(trainer, "val_check_interval", None)
+    if interval is None:
+        return True
+    if isinstance(interval, float):
+        return interval == 1.0
+    return interval >= getattr(trainer, "num_training_batches", 0)

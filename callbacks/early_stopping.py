@@ -66,7 +66,6 @@ class EarlyStopping(Callback):
         self.stopped_epoch = 0
         self.best_score = math.inf if mode == "min" else -math.inf
         self.stopping_reason: str | None = None
-        self._check_at_epoch_end = bool(check_on_train_epoch_end)
 
     @property
     def state_key(self) -> str:
@@ -89,20 +88,19 @@ class EarlyStopping(Callback):
         self.stopping_reason = state_dict.get("stopping_reason")
 
     # ----------------------------------------------------------------------------------- hooks
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def _checks_at_epoch_end(self, trainer: Any) -> bool:
         if self.check_on_train_epoch_end is not None:
-            self._check_at_epoch_end = self.check_on_train_epoch_end
-            return
-        interval = getattr(trainer, "val_check_interval", None)
-        every = getattr(trainer, "check_val_every_n_epoch", 1)
-        self._check_at_epoch_end = (interval is None or interval == 1.0) and every in (None, 1)
+            return self.check_on_train_epoch_end
+        from callbacks.checkpoint import validates_once_per_epoch
+
+        return validates_once_per_epoch(trainer)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-        if self._check_at_epoch_end:
+        if self._checks_at_epoch_end(trainer):
             self._run_check(trainer)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
-        if not self._check_at_epoch_end:
+        if not self._checks_at_epoch_end(trainer):
             self._run_check(trainer)
 
     def _run_check(self, trainer: Any) -> None:

@@ -84,7 +84,7 @@ def digits_loaders(batch_size: int) -> tuple[DataLoader, DataLoader, DataLoader]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="3 epochs, no progress bar (for tests)")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--project-dir", default="digits_run")
     parser.add_argument("--precision", default=None, help="'32', 'bf16-mixed', '16-mixed'")
     args = parser.parse_args()
@@ -103,14 +103,14 @@ def main() -> None:
     )
     module = DigitsClassifier()
     trainer.fit(module, train, val)
+    epochs, steps = trainer.current_epoch, trainer.global_step
     results = trainer.test(module, test, ckpt_path="best")[0]
     trainer.print(
-        f"\nstopped after {trainer.current_epoch} epochs ({trainer.global_step} steps) on {trainer.world_size} process(es)\n"
-        f"best val_acc {checkpoint.best_model_score:.4f}, test_acc of that checkpoint {results['test_acc']:.4f}\n"
+        f"\ntrained {epochs} epochs ({steps} steps) on {trainer.world_size} process(es)\n"
+        f"best val_acc {checkpoint.best_model_score:.4f}; test_acc of that checkpoint {results['test_acc']:.4f}\n"
         f"checkpoints: {checkpoint.best_model_path} (best), {checkpoint.last_model_path} (last)\n"
         f"metrics: {trainer.log_dir}/metrics.csv"
     )
-
 
 if __name__ == "__main__":
     main()

@@ -16,10 +16,17 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+)
 from torch.utils.data._utils.collate import default_collate
 
 from strategies.sharding import (
@@ -106,8 +113,9 @@ def _send(obj: Any, device: torch.device, non_blocking: bool) -> Any:
             return tuple(moved) if isinstance(obj, tuple) else moved
     if isinstance(obj, Mapping):
         moved_map = {k: _send(v, device, non_blocking) for k, v in obj.items()}
+        mapping_type: Any = type(obj)
         try:
-            return type(obj)(moved_map)
+            return mapping_type(moved_map)
         except TypeError:
             return moved_map
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -190,15 +198,16 @@ def _batch_fetcher(loader: DataLoader) -> tuple[Callable[[Any], Any], bool] | No
     Used only where it returns what the default path returns, bit for bit: no workers, no pinning, a
     map-style data set; one indexed read per tensor for a `TensorDataset` with the default collate.
     """
-    dataset, collate = loader.dataset, loader.collate_fn
+    dataset: Any = loader.dataset
+    collate = loader.collate_fn
     if loader.num_workers or loader.pin_memory or not isinstance(loader.batch_sampler, BatchSamplerShard):
         return None
     if type(dataset).__module__.startswith("torch.utils.data.datapipes"):
         return None
-    if isinstance(dataset, TensorDataset) and type(dataset).__getitem__ is TensorDataset.__getitem__:
-        if collate is default_collate and not hasattr(dataset, "__getitems__"):
-            tensors = dataset.tensors
-            return (lambda idx: [t[idx] for t in tensors]), True
+    plain_tensors = isinstance(dataset, TensorDataset) and type(dataset).__getitem__ is TensorDataset.__getitem__
+    if plain_tensors and collate is default_collate and not hasattr(dataset, "__getitems__"):
+        tensors = dataset.tensors
+        return (lambda idx: [t[idx] for t in tensors]), True
     if getattr(dataset, "__getitems__", None):
         return (lambda idx: collate(dataset.__getitems__(idx))), False
     return (lambda idx: collate([dataset[i] for i in idx])), False
@@ -258,7 +267,7 @@ class DataLoaderShard(DataLoader):
     @property
     def total_dataset_length(self) -> int:
         """Samples in the underlying data set."""
-        base = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
+        base: Any = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
         return len(base)
 
     @property
@@ -398,11 +407,12 @@ class DataLoaderShard(DataLoader):
             for idx in indices:
                 yield fetch(torch.as_tensor(idx, dtype=torch.int64) if takes_tensor else idx)
             return
-        sampler = shard.batch_sampler.sampler  # type: ignore[attr-defined]
+        sampler = shard.batch_sampler.sampler
+        total: Any = shard.total_batch_size
         seq: Any = _flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
         take = _take_tensor if takes_tensor else take_span
         for begin, end in shard.spans(len(seq), skip):
-            yield fetch(take(seq, begin, end, shard.total_batch_size))
+            yield fetch(take(seq, begin, end, total))
 
     def _set_epoch_on_samplers(self, epoch: int) -> None:
         shard = self._shard
@@ -456,11 +466,11 @@ def _build(
             f"prepare_data_loader cannot shard a DataLoader with batch_size=None over a {type(batch_sampler).__name__}; "
             "give it a batch_size, or pass a BatchSampler as its sampler"
         )
-    shard = BatchSamplerShard(
-        _seedable(batch_sampler, seed) if seedable else batch_sampler, num_processes=num_processes,
+    batch_shard = BatchSamplerShard(
+        _seedable(batch_sampler, seed) if seedable else cast(Any, batch_sampler), num_processes=num_processes,
         process_index=process_index, split_batches=split_batches, even_batches=even_batches,
     )
-    placement = {"sampler": shard, "batch_size": None} if as_sampler else {"batch_sampler": shard}
+    placement = {"sampler": batch_shard, "batch_size": None} if as_sampler else {"batch_sampler": batch_shard}
     return DataLoaderShard(dataset, seed=seed, **placement, **shard_kwargs, **kwargs)
 
 
@@ -492,7 +502,7 @@ def prepare_data_loader(
         raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     check_processes(num_processes, process_index)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed={seed!r} must be an int")
+        raise TypeError(f"seed={seed!r} must be an int")
     return _build(
         dataloader, num_processes=num_processes, process_index=process_index, split_batches=split_batches,
         even_batches=even_batches, seedable=True, seed=seed, device=device, put_on_device=put_on_device,

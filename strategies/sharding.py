@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from torch.utils.data import BatchSampler, IterableDataset, Sampler, SequentialSampler
 
@@ -106,7 +106,7 @@ def shard_num_batches(
     steps = num_steps(length, total, drop_last)
     if drop_last or (even_batches and num_processes > 1) or steps == 0:
         return steps
-    return steps - 1 + ((steps - 1) * total + process_index * per < length)
+    return steps - 1 + int((steps - 1) * total + process_index * per < length)
 
 
 def shard_spans(
@@ -281,7 +281,7 @@ def _round_robin(
         on_end(real)
 
 
-def _complete(flat: list[int], base: list[int], begin: int, end: int) -> list[int]:
+def _complete(flat: list[T], base: list[T], begin: int, end: int) -> list[T]:
     """Positions ``[begin, end)`` of ``flat`` followed by ``base`` repeated."""
     return [flat[p] if p < len(flat) else base[(p - len(flat)) % len(base)] for p in range(begin, end)]
 
@@ -357,7 +357,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         even_batches: bool = True,
     ) -> None:
         check_processes(num_processes, process_index)
-        self.batch_sampler = batch_sampler
+        self.batch_sampler: Any = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index
         self.split_batches = split_batches
@@ -378,11 +378,15 @@ class BatchSamplerShard(Sampler[list[int]]):
         self._stream_real = -1
 
     @property
+    def _fixed_batch_size(self) -> int:
+        return cast(int, self.batch_size)  # set whenever `arithmetic` is
+
+    @property
     def real_last_step(self) -> int:
         """Real samples in the last step (`last_batch_real_count`); -1 while unknown."""
         if self.arithmetic:
             return last_batch_real_count(
-                len(self.batch_sampler.sampler), self.batch_size, self.num_processes,
+                len(self.batch_sampler.sampler), self._fixed_batch_size, self.num_processes,
                 split_batches=self.split_batches, drop_last=self.drop_last,
             )
         return self._stream_real
@@ -390,7 +394,7 @@ class BatchSamplerShard(Sampler[list[int]]):
     def spans(self, length: int, start: int = 0) -> Iterator[tuple[int, int]]:
         """`shard_spans` for a pass of ``length`` indices (arithmetic mode)."""
         return shard_spans(
-            length, self.batch_size, self.num_processes, self.process_index,
+            length, self._fixed_batch_size, self.num_processes, self.process_index,
             split_batches=self.split_batches, even_batches=self.even_batches, drop_last=self.drop_last, start=start,
         )
 
@@ -398,7 +402,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         start = self.first_batch
         if self.arithmetic:
             seq = flat_indices(self.batch_sampler.sampler)
-            total = self.total_batch_size
+            total = cast(int, self.total_batch_size)
             return (take_span(seq, begin, end, total) for begin, end in self.spans(len(seq), start))
         stream = shard_batches(
             self.batch_sampler, num_processes=self.num_processes, process_index=self.process_index,
@@ -413,17 +417,17 @@ class BatchSamplerShard(Sampler[list[int]]):
     def __len__(self) -> int:
         if self.arithmetic:
             return shard_num_batches(
-                len(self.batch_sampler.sampler), self.batch_size, self.num_processes, self.process_index,
+                len(self.batch_sampler.sampler), self._fixed_batch_size, self.num_processes, self.process_index,
                 split_batches=self.split_batches, even_batches=self.even_batches, drop_last=self.drop_last,
             )
-        n = len(self.batch_sampler)  # type: ignore[arg-type]
+        n = len(self.batch_sampler)
         if self.split_batches:  # with even_batches=False, a last batch too short to reach this process still counts
             return n
         if self.drop_last:
             return n // self.num_processes
         if self.even_batches and self.num_processes > 1:
-            return -(-n // self.num_processes)
-        return n // self.num_processes + (self.process_index < n % self.num_processes)
+            return (n + self.num_processes - 1) // self.num_processes
+        return n // self.num_processes + int(self.process_index < n % self.num_processes)
 
 
 class IterableDatasetShard(IterableDataset):

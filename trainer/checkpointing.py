@@ -97,8 +97,20 @@ def build_checkpoint_state(trainer: Any) -> dict[str, Any]:
         "callbacks": callback_states,
         "hyper_parameters": dict(getattr(module, "hparams", None) or {}),
     }
+    metrics = getattr(trainer, "callback_metrics", None) or {}
+    checkpoint["callback_metrics"] = {k: _as_number(v) for k, v in metrics.items() if _as_number(v) is not None}
+    results_state = getattr(getattr(trainer, "_results", None), "state_dict", None)
+    if callable(results_state):  # epoch accumulators of self.log(on_epoch=True), for an exact epoch value after resume
+        checkpoint["results"] = results_state()
     _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint)
     return to_json_safe(checkpoint, "checkpoint")
+
+
+def _as_number(value: Any) -> float | None:
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        value = item()
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _call_checkpoint_hooks(trainer: Any, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any]) -> None:
@@ -274,13 +286,16 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
 
     Restores (through the `Accelerator`) weights, optimizers, schedulers, scaler, dataloader positions and RNG
     states, then the loop position into ``trainer.fit_loop_state``, each callback's state (by ``state_key``), and
-    calls the ``on_load_checkpoint`` hooks. Every rank must call it.
+    calls the ``on_load_checkpoint`` hooks. Every rank must call it. Outside ``fit`` (``validate``, ``test``,
+    ``predict``) only the model weights are loaded.
 
     Raises:
         ValueError: the checkpoint is incomplete, tampered with, or was written by a run with another world size.
     """
     directory = Path(path)
     manifest = verify_checkpoint(directory)
+    if getattr(trainer, "stage", "fit") not in (None, "fit"):
+        return _restore_weights(trainer, directory)
     saved_world = manifest.get("world_size")
     if saved_world is not None and int(saved_world) != int(trainer.world_size):
         raise ValueError(
@@ -298,9 +313,27 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
         current.update(loop_state)
     else:
         trainer.fit_loop_state = dict(loop_state)
+    metrics = getattr(trainer, "callback_metrics", None)
+    if isinstance(metrics, dict):
+        metrics.update(checkpoint.get("callback_metrics") or {})
+    results_load = getattr(getattr(trainer, "_results", None), "load_state_dict", None)
+    if callable(results_load) and "results" in checkpoint:
+        results_load(checkpoint["results"])
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})
     module = trainer.lightning_module
     _call_checkpoint_hooks(trainer, module, list(getattr(trainer, "callbacks", None) or []), "on_load_checkpoint", checkpoint)
+
+
+def _restore_weights(trainer: Any, directory: Path) -> None:
+    """``validate``/``test``/``predict`` from a checkpoint: load only the model weights."""
+    from trainer.checkpoint_io import load_safetensors
+
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"checkpoint {str(directory)!r} has no model.safetensors; pass a directory written by Trainer.save_checkpoint")
+    module = trainer.lightning_module
+    device = next((p.device for p in module.parameters()), None)
+    module.load_state_dict(load_safetensors(weights, device=str(device) if device is not None else "cpu"))
 
 
 def _restore_callback_states(trainer: Any, states: dict[str, Any]) -> None:

@@ -310,8 +310,29 @@ class ResultsStore:
         it = iter(host)
         return {n: float(next(it)) if isinstance(values[n], torch.Tensor) else float(values[n]) for n in names}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The open training-epoch accumulators as JSON data, so an epoch value survives a mid-epoch resume.
+
+        torchmetrics ``Metric`` states are not included (they live in the module's own state).
+        """
+        entries = {}
+        for name, entry in self._entries.get("train", {}).items():
+            if entry.on_epoch and entry.metric is None and entry.updates:
+                settings = {k: getattr(entry, k) for k in ("on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx")}
+                entries[name] = {**settings, "total": float(entry.total), "weight": float(entry.weight), "updates": entry.updates}
+        return {"train": entries}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (called when a checkpoint is restored, before training resumes)."""
+        entries = self._entries.setdefault("train", {})
+        for name, saved in (state.get("train") or {}).items():
+            settings = {k: saved[k] for k in ("on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx")}
+            entry = entries[name] = _Entry(**settings)
+            entry.total, entry.weight, entry.updates = float(saved["total"]), float(saved["weight"]), int(saved["updates"])
+
     def reset(self) -> None:
         """Forget all entries (a new ``fit``/``validate``/``test`` run)."""
+        self.enabled = True
         self._entries.clear()
         self.callback_metrics.clear()
         self.logged_metrics.clear()

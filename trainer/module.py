@@ -322,7 +322,7 @@ class TrainModule(nn.Module):
         """Backward for manual optimization (through the Accelerator: loss scaling, DDP sync)."""
         if self.automatic_optimization:
             raise RuntimeError("manual_backward is for manual optimization; set self.automatic_optimization = False in __init__")
-        self.trainer.accelerator.backward(loss, **kwargs)
+        self.trainer._manual_backward(loss, **kwargs)
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm") -> None:
         """Clip the gradients of `optimizer`'s parameters (manual optimization)."""

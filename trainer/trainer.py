@@ -295,6 +295,8 @@ class Trainer:
         self._train_loader = self.accelerator.prepare(_loader_from(module, "train", train_dataloaders, required=True))
         self.num_training_batches = _limit(len(self._train_loader), self._args.limit_train_batches)
         val = _loader_from(module, "val", val_dataloaders, required=False) if _overrides(module, "validation_step") else None
+        if val is not None and _limit(len(val), self._args.limit_val_batches) == 0:
+            val = None  # decided from the unsharded loader, so every process agrees (a process may hold no batch)
         val_loader = self._eval_loader(val) if val is not None else None
         self.num_val_batches = _limit(len(val_loader), self._args.limit_val_batches) if val_loader is not None else 0
         self._configure_optimizers(module)
@@ -390,7 +392,7 @@ class Trainer:
         self._agree_flags(False)  # every process learns whether one of them asked to stop
 
     def _validation_due(self, batch_idx: int) -> bool:
-        if self.num_val_batches == 0 or (self.current_epoch + 1) % self.check_val_every_n_epoch:
+        if (self.current_epoch + 1) % self.check_val_every_n_epoch:
             return False
         interval = self.val_check_interval
         if isinstance(interval, float):
@@ -508,6 +510,18 @@ class Trainer:
         finally:
             restore()
 
+    def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward for manual optimization: the step ran outside DDP's forward, so arm its gradient sync first."""
+        model = self._model
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel) and torch.is_grad_enabled() and model.require_backward_grad_sync:
+            from torch.nn.parallel.distributed import _find_tensors
+
+            model.require_forward_param_sync = True
+            used = list(_find_tensors(loss)) if model.find_unused_parameters and not model.static_graph else []
+            model.reducer._rebuild_buckets()
+            model.reducer.prepare_for_backward(used)
+        self.accelerator.backward(loss, **kwargs)
+
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         if metrics and not self.sanity_checking:
             self._dispatch.call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, self.global_step)
@@ -539,14 +553,28 @@ class Trainer:
         if self._prepared_for != id(module):
             self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         if ckpt_path is not None:
-            self._restore(ckpt_path)
+            self._load_weights(ckpt_path)
         return self._eval_loop(stage, loader, limit)
+
+    def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
+        """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
+        from safetensors.torch import load_file
+
+        from trainer.checkpointing import resolve_ckpt_path, verify_checkpoint
+
+        path = resolve_ckpt_path(self, ckpt_path)
+        if path is None:
+            raise ValueError(f"ckpt_path={ckpt_path!r} found no checkpoint; fit first or pass a checkpoint directory")
+        verify_checkpoint(path)
+        state = load_file(str(Path(path) / "model.safetensors"), device=str(self.accelerator.device))
+        self.lightning_module.load_state_dict(state)
 
     def _eval_loop(self, stage: str, loader: Any, limit: int) -> Any:
         """Run one epoch of `stage` ("validation", "test" or "predict") over at most `limit` batches."""
         module, call = self.lightning_module, self._dispatch.call
         step = getattr(module, f"{stage}_step")
         module.eval()
+        was_training, self.training = self.training, False
         self._results.set_context(stage, False)
         self._results.enabled = stage != "predict"
         predictions: list[tuple[int, int, Any]] = []
@@ -570,7 +598,7 @@ class Trainer:
             self._dispatch.call_callbacks(f"on_{stage}_epoch_end")
             self._log_metrics(logged)
             call(f"on_{stage}_end")
-        self._results.enabled = True
+        self._results.enabled, self.training = True, was_training
         if stage == "predict":
             return self._ordered_predictions(predictions)
         return [metrics]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 import numbers
 import os
 import sys
@@ -139,11 +138,15 @@ def _tensors_to_python(tensors: dict[str, Any]) -> dict[str, Any]:
     return converted
 
 
-def prepare_values(values: Mapping[str, Any], warn: Callable[[str, str], None]) -> dict[str, Any]:
+def prepare_values(
+    values: Mapping[str, Any], warn: Callable[[str, str], None], passthrough: str | None = None
+) -> dict[str, Any]:
     """Flatten ``values`` and convert them to ``int``/``float``/``bool``/``str``.
 
-    Single-element tensors and numpy scalars become Python numbers. Anything else (``None``, lists,
-    multi-element tensors, objects) is left out and reported through ``warn(key, message)``.
+    Single-element tensors and numpy scalars become Python numbers. Objects whose type comes from
+    the package ``passthrough`` (e.g. a ``wandb.Image`` for the wandb tracker) are kept as they are.
+    Anything else (``None``, lists, multi-element tensors, other objects) is left out and reported
+    through ``warn(key, message)``.
     """
     if not isinstance(values, Mapping):
         raise TypeError(
@@ -161,6 +164,8 @@ def prepare_values(values: Mapping[str, Any], warn: Callable[[str, str], None]) 
             result[key] = None  # keeps the key order
         elif hasattr(value, "item") and getattr(value, "size", None) == 1 and not _is_tensor(value):
             result[key] = value.item()  # numpy scalar / 1-element array
+        elif passthrough and type(value).__module__.split(".")[0] == passthrough:
+            result[key] = value
         else:
             warn(key, f"the value for {key!r} ({_describe(value)}) is not a number or a string; it is not logged")
     if tensors:
@@ -217,11 +222,6 @@ def flat_config(values: Mapping[str, Any]) -> dict[str, int | float | bool | str
     }
 
 
-def is_finite_number(value: Any) -> bool:
-    """Whether ``value`` is a finite real number (bools count as numbers)."""
-    return isinstance(value, numbers.Real) and math.isfinite(value)
-
-
 class GeneralTracker(Callback):
     """Base class of every tracker: subclass it to plug in your own.
 
@@ -250,6 +250,7 @@ class GeneralTracker(Callback):
     _is_main_process: bool | None = None
     _run: Any = None
     _started: bool = False
+    continue_run: bool = False
 
     def __init__(
         self,
@@ -262,12 +263,14 @@ class GeneralTracker(Callback):
         if not isinstance(main_process_only, bool):
             raise TypeError(f"main_process_only must be True or False, got {main_process_only!r}")
         self.run_name = run_name
+        self._explicit_run_name = run_name is not None
         self.logging_dir = os.fspath(logging_dir) if logging_dir is not None else None
         self.main_process_only = main_process_only
         self.init_kwargs: dict[str, Any] = dict(init_kwargs)
         self._is_main_process = None
         self._run = None
         self._started = False
+        self.continue_run = False
         self._warned: set[str] = set()
 
     # --- the interface a backend implements -------------------------------------------------------
@@ -299,8 +302,13 @@ class GeneralTracker(Callback):
         """Whether `start` ran and `finish` has not."""
         return bool(getattr(self, "_started", False))
 
-    def begin(self) -> None:
-        """`start` the tracker and mark it started (what the hub and the Trainer call)."""
+    def begin(self, *, continue_run: bool = False) -> None:
+        """`start` the tracker and mark it started (what the hub and the Trainer call).
+
+        ``continue_run`` asks a tracker that can (the CSV one) to keep writing the run it wrote before
+        (``fit`` then ``test`` with one Trainer); otherwise a start after `finish` is a new run.
+        """
+        self.continue_run = continue_run
         self.start()
         self._started = True
 
@@ -316,7 +324,10 @@ class GeneralTracker(Callback):
 
     def configure(self, run_name: str | None = None, init_kwargs: Mapping[str, Any] | None = None) -> None:
         """Fill the run name (a name given to the constructor wins) and add backend init kwargs."""
-        if getattr(self, "run_name", None) is None and run_name is not None:
+        explicit = self.__dict__.get("_explicit_run_name")
+        if explicit is None:  # a subclass that skipped GeneralTracker.__init__
+            explicit = self._explicit_run_name = getattr(self, "run_name", None) is not None
+        if not explicit and run_name is not None:
             self.run_name = run_name
         if init_kwargs:
             self.init_kwargs = {**getattr(self, "init_kwargs", {}), **dict(init_kwargs)}
@@ -334,8 +345,13 @@ class GeneralTracker(Callback):
         warnings.warn(f"[{self.name or type(self).__name__} tracker] {message}", UserWarning, stacklevel=3)
 
     def prepare_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Flatten and convert ``values`` (see :func:`prepare_values`), warning once per bad key."""
-        return prepare_values(values, lambda key, message: self.warn_once(f"value:{key}", message))
+        """Flatten and convert ``values`` (see :func:`prepare_values`), warning once per bad key.
+
+        Objects of the tracker's own package (``wandb.Image``, ``aim.Image``, ...) pass through.
+        """
+        return prepare_values(
+            values, lambda key, message: self.warn_once(f"value:{key}", message), getattr(self, "package", None)
+        )
 
     def _should_run(self, trainer: Any) -> bool:
         is_main = bool(getattr(trainer, "is_global_zero", True))
@@ -350,7 +366,7 @@ class GeneralTracker(Callback):
             project_dir = getattr(trainer, "project_dir", None) or getattr(trainer, "default_root_dir", None)
             self.logging_dir = os.fspath(project_dir) if project_dir is not None else None
         self.configure(run_name=type(module).__name__)
-        self.begin()
+        self.begin(continue_run=True)
         hparams = getattr(module, "hparams", None)
         if hparams:
             self.store_init_configuration(dict(hparams))
@@ -374,6 +390,10 @@ class GeneralTracker(Callback):
     def teardown(self, trainer: Any, module: Any, stage: str) -> None:
         if self._should_run(trainer):
             self.end()
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        if self._should_run(trainer):
+            self.end()  # flush what was logged and stop the backend's helpers; teardown then does nothing
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, run_name={getattr(self, 'run_name', None)!r})"

@@ -22,7 +22,6 @@ class ClearMLTracker(GeneralTracker):
     requires_logging_directory = False
     package = "clearml"
     pip_name = "clearml"
-    _restore_offline: bool | None = None  # offline mode to restore in finish() when start() switched it on
 
     @on_main_process
     def start(self) -> None:
@@ -34,9 +33,8 @@ class ClearMLTracker(GeneralTracker):
             "auto_resource_monitoring": False,
             **self.init_kwargs,
         }
-        if kwargs.pop("offline", False) and not clearml.Task.is_offline():
-            clearml.Task.set_offline(True)
-            self._restore_offline = False
+        if kwargs.pop("offline", False):
+            clearml.Task.set_offline(True)  # process-wide; stays on (going back online would connect)
         kwargs.setdefault("project_name", self.run_name)
         kwargs.setdefault("task_name", self.run_name)
         self._run = clearml.Task.init(**kwargs)
@@ -62,8 +60,4 @@ class ClearMLTracker(GeneralTracker):
     def finish(self) -> None:
         if self._run is not None:
             self._run.close()
-        if getattr(self, "_restore_offline", None) is not None:
-            from clearml import Task
 
-            Task.set_offline(self._restore_offline)
-            self._restore_offline = None

@@ -53,7 +53,8 @@ class CSVTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
-        if self.run_dir is None:  # a second start (fit, then test) keeps writing the same run
+        if self.run_dir is None or not self.continue_run:  # fit, then test: one run
+            self._fieldnames, self._config = [], {}
             self.run_dir = _new_version_dir(Path(self.resolved_logging_dir()) / "logs" / (self.run_name or "default"))
         metrics = self.run_dir / "metrics.csv"
         if metrics.exists() and metrics.stat().st_size:

@@ -194,9 +194,18 @@ class TrackerHub:
             raise ValueError(f"init_trackers needs a non-empty project_name string, got {project_name!r}")
         if config is not None and not isinstance(config, Mapping):
             raise TypeError(f"init_trackers(config=...) must be a dict, got {type(config).__name__}")
+        if self.initialized:
+            raise RuntimeError("init_trackers() was already called; call end_training() before starting new runs")
         per_tracker = self._split_kwargs(init_kwargs, "init_kwargs")
+        unused = set(per_tracker) - {tracker.name.lower() for tracker in self.trackers}
+        if unused:
+            warnings.warn(
+                f"init_kwargs for {sorted(unused)} are not used: log_with has {[t.name for t in self.trackers]}",
+                UserWarning,
+                stacklevel=3,
+            )
         for tracker in self.trackers:
-            tracker.configure(run_name=project_name, init_kwargs=per_tracker.get(tracker.name))
+            tracker.configure(run_name=project_name, init_kwargs=per_tracker.get(tracker.name.lower()))
         for tracker in self._active():
             tracker.begin()
             if config is not None:
@@ -210,6 +219,8 @@ class TrackerHub:
         log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """Send ``values`` at ``step`` to every tracker; ``log_kwargs`` are per-tracker extras."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"log() takes a dict of name -> value, got {type(values).__name__}: {values!r}")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             if hasattr(step, "item") and getattr(step, "numel", lambda: 1)() == 1:
                 step = int(step.item())
@@ -226,12 +237,13 @@ class TrackerHub:
             return
         per_tracker = self._split_kwargs(log_kwargs, "log_kwargs")
         for tracker in self._active():
-            tracker.log(dict(values), step=step, **per_tracker.get(tracker.name, {}))
+            tracker.log(dict(values), step=step, **per_tracker.get(tracker.name.lower(), {}))
 
     def get(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (its raw run object with ``unwrap=True``).
 
-        On a process that does not log, a `NoOpTracker` that accepts any attribute and call.
+        On a process that does not log, or when ``log_with`` named no tracker at all, a `NoOpTracker`
+        that accepts any attribute and call.
 
         Raises:
             ValueError: no tracker of that name was set up with ``log_with``.
@@ -242,7 +254,7 @@ class TrackerHub:
                 if tracker.main_process_only and not self.is_main_process:
                     return NoOpTracker()
                 return tracker.tracker if unwrap else tracker
-        if not self.is_main_process:
+        if not self.is_main_process or not self.trackers:  # Accelerate returns a blank tracker without log_with
             return NoOpTracker()
         raise ValueError(
             f"No tracker named {name!r}; this run logs with {[t.name for t in self.trackers]}. "

@@ -43,3 +43,24 @@ def test_ddp_resume_is_bit_exact(tmp_path: Path) -> None:
         assert {**first[rank]["losses"], **resumed[rank]["losses"]} == straight[rank]["losses"]
         assert {**first[rank]["logged"], **resumed[rank]["logged"]} == straight[rank]["logged"]
     assert straight[0]["losses"] != straight[1]["losses"]  # the ranks saw different shards
+
+
+def _top_k_on_each_rank(root: str) -> dict[str, Any]:
+    from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.early_stopping import EarlyStopping
+    from tests.unit.test_checkpoint_callback import ScriptedNet, fit
+
+    cb = ModelCheckpoint(dirpath=Path(root) / "ck", filename="{epoch}-{val_loss:.1f}", monitor="val_loss", save_top_k=2)
+    es = EarlyStopping("val_loss", patience=1)
+    trainer = fit(Path(root), [cb, es], module=ScriptedNet((5.0, 3.0, 4.0, 1.0, 2.0)), process_group_timeout=60)
+    return {"best_k": sorted(Path(p).name for p in cb.best_k_models), "best": Path(cb.best_model_path).name,
+            "stopped_epoch": es.stopped_epoch, "epoch": trainer.current_epoch}
+
+
+@pytest.mark.timeout(300)
+def test_ddp_top_k_and_early_stopping_agree_across_ranks(tmp_path: Path) -> None:
+    results = run_distributed(_top_k_on_each_rank, str(tmp_path))
+    assert results[0] == results[1]
+    assert results[0]["best_k"] == ["epoch=1-val_loss=3.0", "epoch=2-val_loss=4.0"]
+    assert results[0]["stopped_epoch"] == 2  # 4.0 did not improve on 3.0, patience 1
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch=1-val_loss=3.0", "epoch=2-val_loss=4.0", "last.json"]

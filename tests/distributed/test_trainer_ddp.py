@@ -72,6 +72,27 @@ class Counting(TrainModule):
         return self(batch[0])
 
 
+class ManualRegression(Regression):
+    """The same regression, stepped by hand: manual_backward must synchronize gradients under DDP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(torch.nn.functional.mse_loss(self(x), y))
+        opt.step()
+
+
+class RegressionWithValidation(Regression):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_mse", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+
 class StopOnRankZero(Callback):
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_rank == 0 and trainer.global_step == 3:
@@ -115,6 +136,19 @@ def _checks(tmp: str) -> dict[str, Any]:
     out["reference"] = _single_process_reference(None)
     out["loss_epoch"] = trainer.callback_metrics["loss_epoch"]
 
+    trainer = _trainer(tmp, max_epochs=1)
+    manual = ManualRegression()
+    trainer.fit(manual, DataLoader(_regression_data(), batch_size=2))
+    out["manual_params"] = [p.detach().clone() for p in manual.parameters()]
+    out["manual_steps"] = trainer.global_step
+
+    # a validation set of one sample: rank 1 holds no validation batch, sanity check and validation still agree
+    trainer = _trainer(tmp, max_epochs=2)
+    trainer.num_sanity_val_steps = 2
+    trainer.fit(RegressionWithValidation(), DataLoader(_regression_data(), batch_size=2),
+                DataLoader(torch.utils.data.Subset(_regression_data(), [0]), batch_size=2))
+    out["one_sample_val"] = (trainer.num_val_batches, trainer.callback_metrics.get("val_mse"), trainer.global_step)
+
     # rank 1 skips its batch 1: every rank must skip that step, without hanging
     trainer = _trainer(tmp, max_epochs=1)
     module = Regression(skip=(1, 1))
@@ -157,6 +191,10 @@ def test_trainer_on_two_processes(tmp_path: Any) -> None:
         for got, want in zip(out["skip_params"], out["skip_reference"]):
             torch.testing.assert_close(got, want)
         assert out["skip_steps"] == 3
+        assert out["manual_steps"] == 4
+        assert out["one_sample_val"][0] == (1 if rank == 0 else 0) and out["one_sample_val"][2] == 8
+        for got, want in zip(out["manual_params"], out["reference"]):
+            torch.testing.assert_close(got, want)
         assert out["stop"] == (3, 1, True)  # the stopped epoch counts as finished, as in Lightning
         # exact distributed evaluation: every sample once, no wrap-around duplicate
         assert out["validate"]["mean"] == pytest.approx(3.0)
@@ -170,4 +208,56 @@ def test_trainer_on_two_processes(tmp_path: Any) -> None:
     assert ranks[0]["loss_epoch"] == pytest.approx(ranks[1]["loss_epoch"])  # sync_dist: one value everywhere
     assert ranks[0]["validate"]["local_mean"] == pytest.approx(2.5)  # not synced: (0+1+4+5)/4 on rank 0
     assert ranks[1]["validate"]["local_mean"] == pytest.approx(11 / 3)  # (2+3+6)/3 on rank 1
+    assert ranks[0]["one_sample_val"][1] is not None and ranks[0]["one_sample_val"][1] >= 0.0
     assert ranks[0]["tiny"] == {"mean": 5.0} and ranks[0]["tiny_batches"] == 1 and ranks[1]["tiny_batches"] == 0
+
+
+LAUNCHED_SCRIPT = '''
+import sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from trainer import Trainer, TrainModule
+
+
+class Tiny(TrainModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+if __name__ == "__main__":
+    trainer = Trainer(strategy="ddp", devices=2, max_epochs=1, log_with=None, project_dir=sys.argv[1],
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                      process_group_timeout=60)
+    module = Tiny()
+    trainer.fit(module, DataLoader(TensorDataset(torch.arange(16.0).reshape(8, 2)), batch_size=2))
+    weight = module.layer.weight.detach().flatten().tolist()
+    print(f"RESULT rank={trainer.global_rank} world={trainer.world_size} steps={trainer.global_step} weight={weight}")
+'''
+
+
+@pytest.mark.timeout(300)
+def test_devices_2_in_a_plain_script_relaunches_it_on_two_processes(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train_tiny.py"
+    script.write_text(LAUNCHED_SCRIPT)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "TRAINWRIGHT_PG_TIMEOUT": "60"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=270, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = sorted(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("RESULT"))
+    assert len(results) == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert results[0].startswith("RESULT rank=0 world=2 steps=2 ") and results[1].startswith("RESULT rank=1 world=2 steps=2 ")
+    assert results[0].split("weight=")[1] == results[1].split("weight=")[1]  # one model, synchronized

@@ -79,18 +79,18 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
     assert sorted(s["node"] for s in seen.values()) == ["0", "1"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_a_node_that_never_joins_fails_within_the_join_timeout(tmp_path: Path) -> None:
     script = tmp_path / "node.py"
     script.write_text(SCRIPT)
     start = time.monotonic()
     result = subprocess.run(
         node_command(free_port(), 0, script, tmp_path, 5),
-        env=clean_env(tmp_path), capture_output=True, text=True, timeout=100,
+        env=clean_env(tmp_path), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     elapsed = time.monotonic() - start
     assert result.returncode == 1
     assert "rendezvous failed: not all 2 machine(s) joined" in result.stderr
     assert "rdzv_join_timeout=5 s" in result.stderr
-    assert elapsed < 60, f"waited {elapsed:.0f} s for a join timeout of 5 s"
+    assert elapsed < 90, f"waited {elapsed:.0f} s for a join timeout of 5 s (the default is 600 s)"
     assert not list(tmp_path.glob("rank*.json"))

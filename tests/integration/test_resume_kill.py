@@ -110,7 +110,8 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
         checkpointing.write_manifest = dying_write_manifest
     first = FirstStep()
     module, trainer, _ = run_fit(
-        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=int.from_bytes(os.urandom(2), "little"),
+        # the first process starts like the uninterrupted run; the resuming one from other weights, which "last" replaces
+        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=1 if kill_at_step or kill_in_save_at_step else 99,
         extra_callbacks=(Killer(), first) if kill_at_step else (first,),
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "final.safetensors"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,3 +81,28 @@ def run_scenario(offline_env: Path) -> Callable[..., Any]:
         return hub
 
     return run
+
+
+@pytest.fixture(scope="session")
+def _aim_repo_template(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """An empty Aim repository, made once: creating one runs a database migration that takes seconds."""
+    from importlib.util import find_spec
+
+    if find_spec("aim") is None:
+        return None
+    from aim import Repo
+
+    path = tmp_path_factory.mktemp("aim-template")
+    Repo.from_path(str(path), init=True).close()
+    return path / ".aim"
+
+
+@pytest.fixture
+def empty_aim_repo(_aim_repo_template: Path | None) -> Callable[[Path], None]:
+    """Copy the empty Aim repository into a directory (what ``aim init`` would leave there)."""
+
+    def copy_to(directory: Path) -> None:
+        if _aim_repo_template is not None:
+            shutil.copytree(_aim_repo_template, directory / ".aim")
+
+    return copy_to

@@ -13,10 +13,11 @@ def _index_run(repo, run_hash: str) -> None:
     meta.subtree("chunks").subtree(run_hash).finalize(index=index)
 
 
-def test_aim_round_trip(run_scenario, offline_env):
+def test_aim_round_trip(run_scenario, offline_env, empty_aim_repo):
     pytest.importorskip("aim")  # after offline_env: some packages read the environment at import
     from aim import Repo
 
+    empty_aim_repo(offline_env / "out")  # as after `aim init`
     hub = run_scenario("aim", project_name="aim-proj")
     run_hash = hub.trackers[0].tracker.hash
 

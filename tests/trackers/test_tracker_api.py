@@ -194,6 +194,9 @@ def test_get_unknown_tracker_on_main_raises(tmp_path: Path) -> None:
     hub = TrackerHub("csv", project_dir=tmp_path)
     with pytest.raises(ValueError, match=r"No tracker named 'wandb'.*\['csv'\]"):
         hub.get("wandb")
+    assert isinstance(TrackerHub(None).get("wandb", unwrap=True), NoOpTracker)  # no log_with at all
+    with pytest.raises(TypeError, match="dict of name -> value"):
+        hub.log([("loss", 1.0)])  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------- hub arguments
@@ -287,3 +290,49 @@ def test_unloggable_values_are_skipped_with_one_warning(tmp_path: Path) -> None:
     assert rows == [{"step": "0", "loss": "1.0"}, {"step": "1", "loss": "1.0"}]
     with pytest.raises(TypeError, match="dict of name -> value"):
         prepare_values([("loss", 1.0)], lambda key, message: None)  # type: ignore[arg-type]
+
+
+def test_the_custom_tracker_example_in_the_docs_runs(private_registry: None, tmp_path: Path) -> None:
+    import json
+    import re
+
+    text = (REPO / "docs" / "trackers.md").read_text()
+    section = text[text.index("## Writing your own tracker") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(example, "docs/trackers.md", "exec"), {})
+    hub = TrackerHub("jsonl", project_dir=tmp_path)
+    hub.init("proj", config={"lr": 0.1})
+    hub.log({"loss": torch.tensor(0.5), "val": {"acc": 1.0}}, step=2)
+    hub.finish()
+    lines = [json.loads(line) for line in (tmp_path / "proj.jsonl").read_text().splitlines()]
+    assert lines == [{"config": {"lr": 0.1}}, {"step": 2, "loss": 0.5, "val/acc": 1.0}]
+
+
+class Media:
+    """Stands for a backend's own media type (``wandb.Image``, ``aim.Image``, ...)."""
+
+
+def test_objects_of_the_trackers_own_package_pass_through() -> None:
+    image = Media()
+    warned: list[str] = []
+    result = prepare_values({"img": image, "other": object()}, lambda key, message: warned.append(key), __name__)
+    assert result == {"img": image} and warned == ["other"]
+
+
+def test_init_twice_and_unused_init_kwargs(tmp_path: Path) -> None:
+    hub = TrackerHub("csv", project_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"init_kwargs for \['wandb'\] are not used"):
+        hub.init("proj", init_kwargs={"wandb": {"entity": "me"}})
+    with pytest.raises(RuntimeError, match="end_training"):
+        hub.init("proj")
+    hub.finish()
+    hub.init("proj")  # a new run after end_training
+    hub.finish()
+    hub.init("other")
+    hub.finish()
+    assert sorted(p.name for p in (tmp_path / "logs" / "proj").iterdir()) == ["version_0", "version_1"]
+    assert [p.name for p in (tmp_path / "logs" / "other").iterdir()] == ["version_0"]
+    named = TrackerHub(CSVTracker(run_name="fixed", logging_dir=tmp_path))
+    named.init("proj")
+    named.finish()
+    assert (tmp_path / "logs" / "fixed" / "version_0").is_dir()

@@ -155,3 +155,27 @@ def test_trainer_fit_logs_to_csv(tmp_path: Path) -> None:
     assert steps == sorted(steps) and len(steps) == 8 and steps[-1] in (7, 8)
     assert {row["epoch"] for row in rows} == {"0", "1"}
     assert yaml.safe_load((run_dir / "hparams.yaml").read_text()) == {"lr": 0.05}
+
+
+def test_accelerator_face_logs_to_csv(tmp_path: Path) -> None:
+    pytest.importorskip("trainer.accelerator")
+    from trainer import Accelerator, LoggerType
+
+    with pytest.raises(ValueError, match="not a known tracker"):
+        Accelerator(cpu=True, log_with=["csv", "tensorbored"])
+    accelerator = Accelerator(cpu=True, log_with=LoggerType.CSV, project_dir=tmp_path)
+    accelerator.init_trackers("acc-proj", config={"lr": 0.1, "model": {"depth": 2}})
+    for step in range(3):
+        accelerator.log({"loss": torch.tensor(1.0 / (step + 1)), "val": {"acc": step / 4}}, step=step)
+    run_dir = accelerator.get_tracker("csv", unwrap=True).run_dir
+    accelerator.end_training()
+
+    assert run_dir == tmp_path / "logs" / "acc-proj" / "version_0"
+    header, rows = _rows(run_dir / "metrics.csv")
+    assert header == ["step", "loss", "val/acc"]
+    assert [(row["step"], float(row["loss"]), float(row["val/acc"])) for row in rows] == [
+        ("0", 1.0, 0.0),
+        ("1", 0.5, 0.25),
+        ("2", pytest.approx(1 / 3), 0.5),
+    ]
+    assert yaml.safe_load((run_dir / "hparams.yaml").read_text()) == {"lr": 0.1, "model": {"depth": 2}}

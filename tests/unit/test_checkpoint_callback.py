@@ -85,7 +85,7 @@ class ScriptedNet(TrainModule):
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("val_loss", torch.tensor(self.val_losses[self.trainer.current_epoch]))
+        self.log("val_loss", torch.tensor(self.val_losses[min(self.trainer.current_epoch, len(self.val_losses) - 1)]))
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -178,3 +178,21 @@ def test_state_is_restored_on_resume(tmp_path: Path) -> None:
     fit(tmp_path, [resumed], ckpt_path="last")
     assert saved_names(tmp_path / "ck") == saved_names(tmp_path / "straight_ck")
     assert Path(resumed.best_model_path).name == "epoch=3-val_loss=1.0" and resumed.best_model_score == 1.0
+
+
+def test_test_and_validate_load_the_best_weights(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1)
+    trainer = fit(tmp_path, [cb])
+    from safetensors.torch import load_file
+
+    best = load_file(str(Path(cb.best_model_path) / "model.safetensors"))
+    module = trainer.lightning_module
+    assert not torch.equal(module.layer.weight, best["layer.weight"])  # trained past the best epoch
+    trainer.validate(module, tiny_loader(), ckpt_path="best")
+    assert torch.equal(module.layer.weight, best["layer.weight"]) and torch.equal(module.layer.bias, best["layer.bias"])
+
+
+def test_saves_after_each_validation_when_it_runs_within_the_epoch(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=-1)
+    fit(tmp_path, [cb], max_epochs=2, val_check_interval=1)  # validation after every batch
+    assert saved_names(tmp_path / "ck") == ["epoch=0-step=1", "epoch=0-step=2", "epoch=1-step=3", "epoch=1-step=4"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,56 @@ def test_ckpt_path_errors(tmp_path: Path) -> None:
         trainer.fit(ResumeNet(), make_loader(), ckpt_path=str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="ckpt_path='best'"):
         trainer.fit(ResumeNet(), make_loader(), ckpt_path="best")
+
+
+class CountingDataset(torch.utils.data.Dataset):
+    """Counts the samples actually loaded."""
+
+    def __init__(self, base: TensorDataset) -> None:
+        self.base, self.loaded = base, 0
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> Any:
+        self.loaded += 1
+        return self.base[index]
+
+
+@pytest.mark.parametrize("stop_step", [1, 4])
+def test_resume_loads_no_skipped_samples(tmp_path: Path, stop_step: int) -> None:
+    run_fit(tmp_path, stop_step, every_n_train_steps=stop_step)
+    data = CountingDataset(make_loader().dataset)
+    torch.manual_seed(0)
+    trainer = Trainer(max_steps=5, accumulate_grad_batches=ACCUMULATE, log_with=None, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, project_dir=str(tmp_path))
+    trainer.fit(ResumeNet(), DataLoader(data, batch_size=BATCH_SIZE, shuffle=True), ckpt_path=str(tmp_path / "ckpts" / f"epoch=0-step={stop_step}"))
+    assert trainer.global_step == 5
+    remaining_batches = DATASET_SIZE // BATCH_SIZE - stop_step * ACCUMULATE
+    assert data.loaded == remaining_batches * BATCH_SIZE  # the same cost wherever the epoch was interrupted
+
+
+class EpochLossNet(ResumeNet):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("epoch_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+class EpochLossRecorder(Callback):
+    def __init__(self) -> None:
+        self.values: dict[int, float] = {}
+
+    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, float], step: int) -> None:
+        if "epoch_loss" in metrics:
+            self.values[int(metrics["epoch"])] = metrics["epoch_loss"]
+
+
+def test_epoch_level_logged_values_survive_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "ResumeNet", EpochLossNet)
+    straight, first, resumed = EpochLossRecorder(), EpochLossRecorder(), EpochLossRecorder()
+    run_fit(tmp_path / "straight", TOTAL_STEPS, extra_callbacks=(straight,))
+    run_fit(tmp_path, 12, every_n_train_steps=12, extra_callbacks=(first,))
+    run_fit(tmp_path, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=12, extra_callbacks=(resumed,))
+    assert {e: v for e, v in first.values.items() if e < 2} == {e: v for e, v in straight.values.items() if e < 2}
+    assert resumed.values == {e: v for e, v in straight.values.items() if e >= 2}

@@ -86,6 +86,20 @@ def test_two_process_example_through_the_loader():
     assert loaders[0].remainder == 4
 
 
+def test_uneven_and_drop_last_through_the_loader():
+    data = tensor_data(20)
+    uneven = ranks(lambda: DataLoader(data, batch_size=3), 2, even_batches=False)
+    assert [[ids(b) for b in dl] for dl in uneven] == [
+        [[0, 1, 2], [6, 7, 8], [12, 13, 14], [18, 19]],
+        [[3, 4, 5], [9, 10, 11], [15, 16, 17]],
+    ]
+    assert [len(dl) for dl in uneven] == [4, 3]
+    assert uneven[0].remainder == 2
+    dropped = ranks(lambda: DataLoader(data, batch_size=3, drop_last=True), 2)
+    assert [[ids(b) for b in dl][-1] for dl in dropped] == [[12, 13, 14], [15, 16, 17]]
+    assert [len(dl) for dl in dropped] == [3, 3] and dropped[0].remainder == 6
+
+
 def test_split_batches_through_the_loader():
     loaders = ranks(lambda: DataLoader(tensor_data(22), batch_size=4), 2, split_batches=True)
     assert [ids(b) for b in loaders[1]][-1] == [0, 1]

@@ -120,3 +120,11 @@ def test_state_is_restored_on_resume(tmp_path: Path) -> None:
     es = resumed_cbs[0]
     assert (es.stopped_epoch, es.best_score) == (4, 4.0)
     assert resumed.global_step == straight.global_step == 10
+
+
+def test_checks_after_each_validation_when_it_runs_within_the_epoch(tmp_path: Path) -> None:
+    es, counter = EarlyStopping("val_loss", patience=2), EpochCounter()
+    # validation after every batch (2 per epoch) sees 5, 5 | 3, 3 | 4: the second check without improvement
+    # stops after the first batch of epoch 2 (checking only at epoch ends, 5 | 3 | 4 would not stop)
+    trainer = fit(tmp_path, [counter, es], max_epochs=3, val_check_interval=1, enable_checkpointing=False)
+    assert es.stopped_epoch == 2 and trainer.global_step == 5 and counter.epochs == 3

@@ -19,7 +19,7 @@ from strategies.sharding import (
     shard_stream,
 )
 
-FLAGS = dict(split_batches=st.booleans(), even_batches=st.booleans(), drop_last=st.booleans())
+FLAGS = {"split_batches": st.booleans(), "even_batches": st.booleans(), "drop_last": st.booleans()}
 
 
 def all_ranks(length, batch_size, num_processes, **flags):
@@ -133,7 +133,7 @@ def fix_split(batch_size, num_processes, split_batches):
 @given(**sizes)
 def test_coverage_counts_and_trimmed_gather(length, batch_size, num_processes, split_batches, even_batches, drop_last):
     batch_size = fix_split(batch_size, num_processes, split_batches)
-    flags = dict(split_batches=split_batches, even_batches=even_batches, drop_last=drop_last)
+    flags = {"split_batches": split_batches, "even_batches": even_batches, "drop_last": drop_last}
     per_rank = all_ranks(length, batch_size, num_processes, **flags)
     total = batch_size if split_batches else batch_size * num_processes
     kept = (length // total) * total if drop_last else length
@@ -154,7 +154,7 @@ def test_coverage_counts_and_trimmed_gather(length, batch_size, num_processes, s
 def test_streaming_matches_arithmetic(length, batch_size, num_processes, split_batches, even_batches, drop_last):
     """Any batch sampler goes through the stream path; for a fixed batch size it agrees with the arithmetic one."""
     batch_size = fix_split(batch_size, num_processes, split_batches)
-    flags = dict(split_batches=split_batches, even_batches=even_batches)
+    flags = {"split_batches": split_batches, "even_batches": even_batches}
     for r in range(num_processes):
         expected = shard_indices(length, batch_size, num_processes, r, drop_last=drop_last, **flags)
         real = []
@@ -189,7 +189,7 @@ class ListBatches:
 )
 def test_variable_size_batch_sampler(cuts, num_processes, even_batches, drop_last):
     bounds = list(itertools.accumulate(cuts, initial=0))
-    batches = [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+    batches = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
     sampler = ListBatches(batches, drop_last=drop_last)
     shards = [BatchSamplerShard(sampler, num_processes, r, even_batches=even_batches) for r in range(num_processes)]
     per_rank = [list(shard) for shard in shards]
@@ -214,7 +214,7 @@ def test_variable_size_batch_sampler(cuts, num_processes, even_batches, drop_las
 def test_iterable_shard_is_the_flattened_batches(length, batch_size, num_processes, split_batches, even_batches,
                                                  drop_last, data):
     batch_size = fix_split(batch_size, num_processes, split_batches)
-    flags = dict(split_batches=split_batches, even_batches=even_batches, drop_last=drop_last)
+    flags = {"split_batches": split_batches, "even_batches": even_batches, "drop_last": drop_last}
     for r in range(num_processes):
         flat = [i for b in shard_indices(length, batch_size, num_processes, r, **flags) for i in b]
         shard = IterableDatasetShard(range(length), batch_size, drop_last, num_processes, r, split_batches, even_batches)

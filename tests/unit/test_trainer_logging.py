@@ -172,9 +172,13 @@ def test_validate_and_test_return_epoch_metrics(tmp_path: Any) -> None:
 
 def test_sanity_check_leaves_no_metrics_behind(tmp_path: Any) -> None:
     recorder = Recorder()
-    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=1, limit_val_batches=0, callbacks=[recorder])
-    trainer.fit(Logs(), _data(2, 1), _data(5, 2))
-    assert "x_mean" not in trainer.callback_metrics
+    calls: list[int] = []
+    module = Logs()
+    module.on_validation_start = lambda: calls.append(module.global_step)  # type: ignore[method-assign]
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=1, check_val_every_n_epoch=2, callbacks=[recorder])
+    trainer.fit(module, _data(2, 1), _data(5, 2))
+    assert calls == [0]  # the sanity check ran, no validation epoch did
+    assert "x_mean" not in trainer.callback_metrics and "x_mean" not in trainer.logged_metrics
     assert all("x_mean" not in values for _, values in recorder.records)
 
 
@@ -191,3 +195,18 @@ def test_logging_in_predict_is_refused(tmp_path: Any) -> None:
 def test_log_outside_a_trainer_says_how_to_attach() -> None:
     with pytest.raises(RuntimeError, match="not attached to a Trainer"):
         Logs().log("x", 1.0)
+
+
+def test_open_epoch_accumulators_round_trip_through_json() -> None:
+    import json
+
+    store = _store()
+    store.set_context("train", True)
+    store.log("loss", torch.tensor(1.0), on_epoch=True, batch_size=2)
+    store.log("peak", 3.0, on_step=False, on_epoch=True, reduce_fx="max")
+    restored = _store()
+    restored.load_state_dict(json.loads(json.dumps(store.state_dict())))
+    restored.set_context("train", True)
+    restored.log("loss", torch.tensor(4.0), on_epoch=True, batch_size=1)
+    restored.log("peak", 2.0, on_step=False, on_epoch=True, reduce_fx="max")
+    assert restored.reduce_epoch("train")[0] == {"loss_epoch": pytest.approx(2.0), "peak": 3.0}  # (2*1 + 1*4) / 3

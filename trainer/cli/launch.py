@@ -123,12 +123,13 @@ def torchrun_arguments(
 
 
 def describe_failure(error: Any, prefer: Collection[int] = ()) -> tuple[int, str]:
-    """Exit code and message for a ``ChildFailedError``: the failing rank first, then any others.
+    """Exit code and message for a ``ChildFailedError``, naming the rank that caused it.
 
-    Ranks the agent itself stopped (SIGTERM/SIGKILL) come after ranks that exited on their own; among
-    those the earliest failure (then the lowest rank) is named as the cause; ranks in ``prefer`` come first.
+    The cause is chosen in this order: ranks in ``prefer``; ranks that exited on their own before ranks the
+    agent stopped (SIGTERM/SIGKILL); the earliest failure; the lowest rank.
     """
     failures = error.failures
+
     def order(item: tuple[int, Any]) -> tuple[bool, bool, int, int]:
         rank, failure = item
         return (rank not in prefer, stopped_by_agent(failure.exitcode), failure.timestamp, rank)

@@ -1,0 +1,117 @@
+"""Checkpoint save and load: `Accelerator.save_state`/`load_state` against raw safetensors + torch.save."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from benchmarks.common import Section, interleaved
+
+
+def _model(width: int, layers: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()  # creates the momentum buffers: the optimizer state is as large as the weights
+    return model, optimizer
+
+
+def _fsync_files(folder: Path) -> None:
+    for path in folder.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, *, fsync: bool) -> float:
+    from safetensors.torch import save_file
+
+    begin = time.perf_counter()
+    folder.mkdir()
+    save_file(model.state_dict(), str(folder / "model.safetensors"))
+    torch.save(optimizer.state_dict(), folder / "optimizer.bin")
+    if fsync:
+        _fsync_files(folder)
+    return time.perf_counter() - begin
+
+
+def torch_save_all(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> float:
+    begin = time.perf_counter()
+    folder.mkdir()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, folder / "checkpoint.pt")
+    return time.perf_counter() - begin
+
+
+def raw_load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> float:
+    from safetensors.torch import load_file
+
+    begin = time.perf_counter()
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.bin", weights_only=True))
+    return time.perf_counter() - begin
+
+
+def run(*, quick: bool) -> list[Section]:
+    from trainer import Accelerator
+
+    rounds = 3 if quick else 9
+    width, layers = 2500, 4  # 4 × 2500² fp32 weights ≈ 100 MB, plus 100 MB of momentum buffers
+    model, optimizer = _model(width, layers)
+    megabytes = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(model, optimizer)  # in one process the same objects, now registered for save_state
+    root = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    counter = itertools.count()
+
+    def fresh() -> Path:
+        return root / f"c{next(counter)}"
+
+    def save_state() -> float:
+        folder = fresh()
+        begin = time.perf_counter()
+        accelerator.save_state(folder)
+        return time.perf_counter() - begin
+
+    def load_state() -> float:
+        begin = time.perf_counter()
+        accelerator.load_state(saved_state)
+        return time.perf_counter() - begin
+
+    try:
+        saves = interleaved({
+            "raw safetensors + torch.save, fsynced": lambda: raw_save(model, optimizer, fresh(), fsync=True),
+            "raw safetensors + torch.save, no fsync": lambda: raw_save(model, optimizer, fresh(), fsync=False),
+            "torch.save of one dict, no fsync": lambda: torch_save_all(model, optimizer, fresh()),
+            "Accelerator.save_state (atomic, fsynced)": save_state,
+        }, "raw safetensors + torch.save, fsynced", rounds, unit="s")
+        saves["Accelerator.save_state (atomic, fsynced)"].target = "≤ 1.30"
+        saved_raw = fresh()
+        raw_save(model, optimizer, saved_raw, fsync=True)
+        saved_state = Path(accelerator.save_state(fresh()))
+        loads = interleaved({
+            "raw safetensors + torch.load": lambda: raw_load(model, optimizer, saved_raw),
+            "Accelerator.load_state": load_state,
+        }, "raw safetensors + torch.load", rounds, unit="s")
+        loads["Accelerator.load_state"].target = "≤ 1.30"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    what = f"{megabytes:.0f} MB of fp32 weights + {megabytes:.0f} MB of SGD momentum; {rounds} interleaved rounds"
+    notes_save = [what + "; every save goes to a new directory.",
+                  "save_state also writes RNG states, data positions and a completion marker, then renames the directory into place."]
+    notes_load = [what + "; files are in the page cache (as right after a save)."]
+    return [
+        Section("Checkpoint save", "raw, fsynced", list(saves.values()), notes_save),
+        Section("Checkpoint load", "raw", list(loads.values()), notes_load),
+    ]

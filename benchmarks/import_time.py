@@ -1,0 +1,52 @@
+"""Import time: a whole fresh interpreter per measurement, paired with ``import torch`` in the same round."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from benchmarks.common import Section, interleaved, repo_env, run_python, timed_process
+
+STATEMENTS = {
+    "import torch": "import torch",
+    "import trainer": "import trainer",
+    "from trainer import Accelerator": "from trainer import Accelerator",
+    "from trainer import Trainer": "from trainer import Trainer",
+    "from trainer import Trainer, Accelerator, TrainModule": "from trainer import Trainer, Accelerator, TrainModule",
+}
+TARGETS = {"from trainer import Trainer, Accelerator, TrainModule": "≤ 1.10", "import trainer": "≤ 1.10"}
+
+# Modules that must stay out of a plain import: optional packages and torch's compiler stack.
+FORBIDDEN = (
+    "torch._dynamo", "torch._inductor", "tqdm", "yaml", "safetensors", "torchmetrics", "tensorboard", "wandb", "mlflow",
+    "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio", "deepspeed", "torch_xla", "lightning", "accelerate",
+)
+
+
+def check_import_contents() -> str:
+    """Raise when ``from trainer import Trainer, Accelerator, TrainModule`` pulls in an optional module."""
+    code = (
+        "import json, sys\n"
+        "from trainer import Trainer, Accelerator, TrainModule\n"
+        f"bad = sorted({{m.split('.')[0] if not m.startswith('torch.') else '.'.join(m.split('.')[:2]) for m in sys.modules}} & set({FORBIDDEN!r}))\n"
+        "print(json.dumps(bad))\n"
+    )
+    loaded = json.loads(run_python(code).stdout.strip().splitlines()[-1])
+    if loaded:
+        raise AssertionError(f"`from trainer import Trainer, Accelerator, TrainModule` imports {loaded}; import them lazily")
+    return "`from trainer import Trainer, Accelerator, TrainModule` imports none of: " + ", ".join(FORBIDDEN) + "."
+
+
+def run(*, quick: bool) -> list[Section]:
+    rounds = 3 if quick else 10
+    env = repo_env()
+    contenders = {name: (lambda code=code: timed_process([sys.executable, "-c", code], env=env)) for name, code in STATEMENTS.items()}
+    rows = interleaved(contenders, "import torch", rounds, unit="s")
+    for name, target in TARGETS.items():
+        rows[name].target = target
+    notes = [
+        check_import_contents(),
+        f"{rounds} interleaved rounds; each time is a whole `python -c ...` process (interpreter start included), "
+        "so `import torch` is the floor every framework built on torch pays.",
+    ]
+    return [Section("Import time (whole process)", "`import torch`", list(rows.values()), notes)]

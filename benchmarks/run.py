@@ -1,0 +1,69 @@
+"""Run the Trainwright benchmarks and print one table per measurement.
+
+    python benchmarks/run.py            # everything (~10 minutes on 2 cores)
+    python benchmarks/run.py --quick    # fewer rounds and steps (~2-3 minutes): for development
+    python benchmarks/run.py --only step,import --markdown results.md
+
+Every number is a median over interleaved rounds; ratios are to the raw PyTorch equivalent measured in the
+same round (min / median / max over the rounds). Nothing here asserts on time: the benchmark checks only
+correctness (identical weights, identical batches, no optional import) and reports the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SECTIONS = ("step", "import", "data", "checkpoint", "ddp", "resume")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps (noisier; for development)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections among {', '.join(SECTIONS)}")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads in this process (default: torch's)")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the tables to this markdown file")
+    args = parser.parse_args(argv)
+    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(args.only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only names unknown section(s) {unknown}; choose among {', '.join(SECTIONS)}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads={args.threads} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    import torch
+
+    from benchmarks import checkpoint, common, data_loading, ddp, import_time, resume, step_time
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "resume": resume}
+    header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+    print(header, flush=True)
+    texts = [header]
+    begin = time.perf_counter()
+    for name in args.only:
+        started = time.perf_counter()
+        for section in modules[name].run(quick=args.quick):
+            text = common.format_section(section)
+            print(text, flush=True)
+            texts.append(text)
+        print(f"({name}: {time.perf_counter() - started:.0f} s)\n", flush=True)
+    print(f"Total: {time.perf_counter() - begin:.0f} s", flush=True)
+    if args.markdown is not None:
+        args.markdown.write_text("\n".join(texts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
