@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Total: {time.perf_counter() - begin:.0f} s", flush=True)
     if args.markdown is not None:
         args.markdown.write_text("\n".join(texts))
+    failed = [line for text in texts for line in text.splitlines() if "CHECK FAILED" in line]
+    if failed:
+        print("\n".join(["Correctness checks failed:", *failed]), file=sys.stderr)
+        return 1
     return 0
 
 

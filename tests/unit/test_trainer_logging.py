@@ -173,8 +173,12 @@ def test_validate_and_test_return_epoch_metrics(tmp_path: Any) -> None:
 def test_sanity_check_leaves_no_metrics_behind(tmp_path: Any) -> None:
     recorder = Recorder()
     calls: list[int] = []
-    module = Logs()
-    module.on_validation_start = lambda: calls.append(module.global_step)  # type: ignore[method-assign]
+
+    class Watched(Logs):
+        def on_validation_start(self) -> None:
+            calls.append(self.global_step)
+
+    module = Watched()
     trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=1, check_val_every_n_epoch=2, callbacks=[recorder])
     trainer.fit(module, _data(2, 1), _data(5, 2))
     assert calls == [0]  # the sanity check ran, no validation epoch did
