@@ -8,8 +8,8 @@ per step. Jobs use a 60 s process-group timeout and a subprocess timeout, so a b
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +25,12 @@ SCRIPTS = Path(__file__).resolve().parent / "ddp_scripts"
 def _trainer_command() -> list[str]:
     script = Path(sys.executable).with_name("trainer")
     return [str(script)] if script.exists() else [sys.executable, "-m", "trainer"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _launch(command: list[str], result: Path, timeout: float) -> tuple[float, float]:
@@ -44,7 +50,7 @@ def run(*, quick: bool) -> list[Section]:
     folder = Path(tempfile.mkdtemp(prefix="bench-ddp-"))
     result = folder / "result.json"
     commands = {
-        "raw DDP, torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "raw DDP, torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "{port}",
                               str(SCRIPTS / "raw_ddp.py"), str(result), str(steps)],
         "Accelerator, trainer launch": [*_trainer_command(), "launch", "--num_processes", "2", "--cpu",
                                         str(SCRIPTS / "accelerator_ddp.py"), str(result), str(steps)],
@@ -56,7 +62,8 @@ def run(*, quick: bool) -> list[Section]:
         for r in range(rounds):
             measured = {}
             for name in names[r % 2:] + names[: r % 2]:
-                measured[name] = _launch(commands[name], result, timeout=600)
+                command = [arg.replace("{port}", str(_free_port())) for arg in commands[name]]
+                measured[name] = _launch(command, result, timeout=600)
             for name in names:
                 launch[name].times.append(measured[name][0])
                 step[name].times.append(measured[name][1] * 1e6)
@@ -67,7 +74,9 @@ def run(*, quick: bool) -> list[Section]:
     step[names[1]].target = "≤ 1.05"
     launch[names[1]].target = "≤ raw + 0.5 s"
     extra = statistics.median(a - b for a, b in zip(launch[names[1]].times, launch[names[0]].times))
-    notes = [f"2 processes (gloo, 1 thread each), tiny MLP 32-64-10, batch 32 per process; {rounds} interleaved rounds of "
+    notes = ["Raw: `python -m torch.distributed.run --nproc_per_node 2 --master_port <free port> raw_ddp.py`; ours: "
+             "`trainer launch --num_processes 2 --cpu accelerator_ddp.py` (scripts in `benchmarks/ddp_scripts/`).",
+             f"2 processes (gloo, 1 thread each), tiny MLP 32-64-10, batch 32 per process; {rounds} interleaved rounds of "
              f"{steps} timed steps after 10 warm-up steps."]
     return [
         Section("DDP, 2 processes — time per step", "raw DDP", list(step.values()), notes),

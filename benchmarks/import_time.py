@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
 import sys
 
 from benchmarks.common import Section, interleaved, repo_env, run_python, timed_process
@@ -40,6 +42,18 @@ def check_import_contents() -> str:
             + ", ".join(FORBIDDEN) + " (checked).")
 
 
+def import_cost_after_torch() -> float:
+    """Seconds ``from trainer import Trainer, Accelerator, TrainModule`` takes once torch is imported (``-X importtime``)."""
+    code = "import torch; from trainer import Trainer, Accelerator, TrainModule"
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=repo_env(), cwd="/",
+                          capture_output=True, text=True, timeout=300, check=True)
+    lines = [line.split("|") for line in done.stderr.splitlines() if line.startswith("import time:") and line.count("|") == 2]
+    names = [parts[2].rstrip() for parts in lines]
+    after = names.index(" torch") + 1 if " torch" in names else 0
+    top_level = [parts for parts in lines[after:] if not parts[2][1:].startswith(" ")]  # one space before a top-level name
+    return sum(int(parts[1]) for parts in top_level) / 1e6
+
+
 def run(*, quick: bool) -> list[Section]:
     rounds = 3 if quick else 10
     env = repo_env()
@@ -47,8 +61,12 @@ def run(*, quick: bool) -> list[Section]:
     rows = interleaved(contenders, "import torch", rounds, unit="s")
     for name, target in TARGETS.items():
         rows[name].target = target
+    after_torch = [import_cost_after_torch() for _ in range(rounds)]
     notes = [
         check_import_contents(),
+        f"With torch already imported, `from trainer import Trainer, Accelerator, TrainModule` takes "
+        f"{1e3 * statistics.median(after_torch):.0f} ms more (median of {rounds} `python -X importtime` runs; "
+        f"{statistics.median(after_torch) / rows['import torch'].median:.1%} of `import torch`).",
         f"{rounds} interleaved rounds; each time is a whole `python -c ...` process (interpreter start included), "
         "so `import torch` is the floor every framework built on torch pays.",
     ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -61,7 +62,7 @@ class Trainer:
     def __init__(
         self,
         *,
-        strategy: str = "auto",
+        strategy: str | Any = "auto",
         devices: int | str = "auto",
         precision: str | int | None = None,
         max_epochs: int | None = None,
@@ -295,6 +296,8 @@ class Trainer:
         self._train_loader = self.accelerator.prepare(_loader_from(module, "train", train_dataloaders, required=True))
         self.num_training_batches = _limit(len(self._train_loader), self._args.limit_train_batches)
         val = _loader_from(module, "val", val_dataloaders, required=False) if _overrides(module, "validation_step") else None
+        if val_dataloaders is not None and val is None:
+            warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=3)
         if val is not None and _limit(len(val), self._args.limit_val_batches) == 0:
             val = None  # decided from the unsharded loader, so every process agrees (a process may hold no batch)
         val_loader = self._eval_loader(val) if val is not None else None

@@ -5,7 +5,6 @@ Every check runs inside one 2-process start-up (forked ranks, 60 s process-group
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -168,6 +167,8 @@ def _checks(tmp: str) -> dict[str, Any]:
     counting = Counting()
     out["validate"] = trainer.validate(counting, data)[0]
     out["num_val_batches"] = trainer.num_val_batches
+    rank = trainer.global_rank
+    out["all_gather"] = counting.all_gather({"r": torch.tensor([rank, 10 + rank])})["r"].tolist()
     out["test"] = trainer.test(counting, data)[0]
     out["predict"] = torch.cat(trainer.predict(counting, data)).tolist()
     out["predict_uneven"] = torch.cat(trainer.predict(counting, DataLoader(TensorDataset(torch.arange(5.0)), batch_size=3))).tolist()
@@ -205,6 +206,7 @@ def test_trainer_on_two_processes(tmp_path: Any) -> None:
         assert out["predict"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
         assert out["predict_uneven"] == [0.0, 1.0, 2.0, 3.0, 4.0]
         assert out["num_val_batches"] == 2
+        assert out["all_gather"] == [[0, 10], [1, 11]]  # a new leading dimension of size world_size
     assert ranks[0]["loss_epoch"] == pytest.approx(ranks[1]["loss_epoch"])  # sync_dist: one value everywhere
     assert ranks[0]["validate"]["local_mean"] == pytest.approx(2.5)  # not synced: (0+1+4+5)/4 on rank 0
     assert ranks[1]["validate"]["local_mean"] == pytest.approx(11 / 3)  # (2+3+6)/3 on rank 1

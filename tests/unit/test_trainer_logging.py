@@ -214,3 +214,26 @@ def test_open_epoch_accumulators_round_trip_through_json() -> None:
     restored.log("loss", torch.tensor(4.0), on_epoch=True, batch_size=1)
     restored.log("peak", 2.0, on_step=False, on_epoch=True, reduce_fx="max")
     assert restored.reduce_epoch("train")[0] == {"loss_epoch": pytest.approx(2.0), "peak": 3.0}  # (2*1 + 1*4) / 3
+
+
+def test_logging_does_not_read_tensors_back_until_a_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[str] = []
+    for method in ("item", "tolist", "__float__", "cpu"):
+        original = getattr(torch.Tensor, method)
+
+        def counting(self: torch.Tensor, *args: Any, _name: str = method, _original: Any = original, **kwargs: Any) -> Any:
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, method, counting)
+    store = _store()
+    store.set_context("train", True)
+    for step in range(100):
+        store.set_batch((torch.zeros(4, 2),))
+        store.log("loss", torch.tensor(float(step)), on_epoch=True)
+        store.log("acc", torch.tensor(0.5), on_step=False, on_epoch=True, reduce_fx="max")
+    assert reads == []  # 200 logged tensors, no host read-back
+    assert store.flush_step() == {"loss_step": 99.0}
+    assert reads == ["tolist"]  # one transfer for every name
+    assert store.reduce_epoch("train")[0] == {"loss_epoch": pytest.approx(49.5), "acc": 0.5}
+    assert reads == ["tolist", "tolist"]
