@@ -40,6 +40,7 @@ class Row:
     ratios: list[float] = field(default_factory=list)
     target: str = ""
     note: str = ""
+    met: bool | None = None  # set when the target is not a plain "≤ ratio"
 
     @property
     def median(self) -> float:
@@ -102,6 +103,28 @@ def format_section(section: Section) -> str:
         lines.append(f"| {name} | {_num(row.median)} | {lo:.3f} | **{med:.3f}** | {hi:.3f} | {row.target} |")
     lines.extend(["", *(f"- {note}" for note in section.notes)])
     return "\n".join(lines).rstrip() + "\n"
+
+
+def target_met(row: Row) -> bool | None:
+    """Whether the row's median meets its target (``"≤ 1.05"`` style targets, or the row's own verdict)."""
+    if row.met is not None or not row.target.startswith("≤ "):
+        return row.met
+    try:
+        return row.ratio_stats()[1] <= float(row.target[2:].split()[0])
+    except ValueError:
+        return None
+
+
+def format_summary(sections: list[Section]) -> str:
+    """One line per target: the measurement, its median ratio and whether it meets the target."""
+    lines = ["### Summary against the targets", "", "| measurement | median ratio | target | met |", "|---|---:|---|---|"]
+    for section in sections:
+        for row in section.rows:
+            if row.target:
+                met = target_met(row)
+                verdict = "n/a" if met is None else ("yes" if met else "**no**")
+                lines.append(f"| {section.title}: {row.name} | {row.ratio_stats()[1]:.3f} | {row.target} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def _num(value: float) -> str:

@@ -27,15 +27,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps (noisier; for development)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections among {', '.join(SECTIONS)}")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads in this process (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads in this process (default 1: on a busy machine, threads waiting for "
+                             "each other dominate small steps; 0 keeps torch's default)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(args.only) - set(SECTIONS))
     if unknown:
         parser.error(f"--only names unknown section(s) {unknown}; choose among {', '.join(SECTIONS)}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads={args.threads} must be >= 1")
+    if args.threads < 0:
+        parser.error(f"--threads={args.threads} must be >= 1, or 0 for torch's default")
     return args
 
 
@@ -45,12 +47,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import checkpoint, common, data_loading, ddp, import_time, resume, step_time
 
-    if args.threads is not None:
+    if args.threads:
         torch.set_num_threads(args.threads)
     modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "resume": resume}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
     print(header, flush=True)
     texts = [header]
+    sections = []
     begin = time.perf_counter()
     for name in args.only:
         started = time.perf_counter()
@@ -58,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             text = common.format_section(section)
             print(text, flush=True)
             texts.append(text)
+            sections.append(section)
         print(f"({name}: {time.perf_counter() - started:.0f} s)\n", flush=True)
+    summary = common.format_summary(sections)
+    print(summary, flush=True)
+    texts.insert(1, summary)
     print(f"Total: {time.perf_counter() - begin:.0f} s", flush=True)
     if args.markdown is not None:
         args.markdown.write_text("\n".join(texts))

@@ -250,6 +250,7 @@ def contenders(work: Workload, data: TensorDataset) -> tuple[dict[str, Callable[
     """Every contender for `work`, and notes on the ones skipped."""
     runs: dict[str, Callable[[], Session]] = {
         "raw PyTorch loop": lambda: raw_loop(work, data),
+        "raw PyTorch loop, again (noise control)": lambda: raw_loop(work, data),
         "raw loop without DataLoader (sliced batches)": lambda: raw_sliced_loop(work, data),
         "Accelerator": lambda: accelerator_loop(work, data),
         "Accelerator + accumulate()": lambda: accelerator_loop(work, data, accumulate=True),

@@ -10,27 +10,6 @@ from callbacks.base import Callback
 _INTERVALS = (None, "step", "epoch")
 
 
-def log_to_trainer(trainer: Any, metrics: dict[str, float], step: int) -> None:
-    """Send ``metrics`` down the Trainer's tracker path at ``step``.
-
-    Uses ``trainer.log_metrics(metrics, step)`` when the Trainer has it. Otherwise the values are put into
-    ``trainer.callback_metrics`` and ``trainer.logged_metrics`` and handed, with the ``"epoch"`` key,
-    to the ``on_log_metrics`` hook of every callback that has one (the trackers).
-    """
-    log_metrics = getattr(trainer, "log_metrics", None)
-    if callable(log_metrics):
-        log_metrics(metrics, step)
-        return
-    for attribute in ("callback_metrics", "logged_metrics"):
-        store = getattr(trainer, attribute, None)
-        if store is not None:
-            store.update(metrics)
-    record = {**metrics, "epoch": int(getattr(trainer, "current_epoch", 0))}
-    for callback in getattr(trainer, "callbacks", None) or []:
-        if type(callback).on_log_metrics is not Callback.on_log_metrics:
-            callback.on_log_metrics(trainer, getattr(trainer, "lightning_module", None), dict(record), step)
-
-
 def _momentum(group: dict[str, Any]) -> Optional[float]:
     """The momentum of a parameter group: ``momentum`` (SGD, RMSprop) or ``betas[0]`` (Adam family)."""
     if "betas" in group:
@@ -144,12 +123,12 @@ class LearningRateMonitor(Callback):
         self._last_step_logged = step
         values = self.learning_rates(trainer, "step")
         if values:
-            log_to_trainer(trainer, values, step)
+            trainer.log_metrics(values, step)
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         values = self.learning_rates(trainer, "epoch")
         if values:
-            log_to_trainer(trainer, values, int(trainer.global_step))
+            trainer.log_metrics(values, int(trainer.global_step))
 
 
 def _config_for(index: int, optimizer: Any, configs: list[Any]) -> Any:

@@ -7,7 +7,6 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from callbacks.base import Callback
-from callbacks.lr_monitor import log_to_trainer
 
 
 def _default_batch_size(batch: Any) -> int:
@@ -90,7 +89,7 @@ class ThroughputMonitor(Callback):
             metrics = self.compute(int(getattr(trainer, "world_size", 1)))
             if metrics:
                 self.last_metrics = metrics
-                log_to_trainer(trainer, metrics, int(trainer.global_step))
+                trainer.log_metrics(metrics, int(trainer.global_step))
 
     def compute(self, world_size: int = 1) -> dict[str, float]:
         """The rates over the current window, or an empty dict with fewer than two points."""

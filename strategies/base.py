@@ -65,6 +65,13 @@ class Strategy:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         self.precision.backward(loss, **kwargs)
 
+    def prepare_for_backward(self, module: nn.Module, output: Any) -> None:
+        """Arm gradient synchronization for a backward of `output` computed outside `module`'s forward.
+
+        Called before ``backward`` when a step ran the wrapped module's methods directly (manual
+        optimization). No-op here; `DDPStrategy` prepares its reducer.
+        """
+
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         return self.precision.optimizer_step(optimizer, **kwargs)
 

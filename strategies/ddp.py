@@ -92,6 +92,24 @@ class DDPStrategy(Strategy):
             return module.no_sync()
         return contextlib.nullcontext()
 
+    def prepare_for_backward(self, module: nn.Module, output: Any) -> None:
+        """Prepare DDP's reducer for a backward of `output` that did not come from ``module.forward``.
+
+        DDP arms its gradient all-reduce in ``forward``; a step that called the module's methods directly
+        (manual optimization) skipped that, so arm it here, as ``forward`` would have. Does nothing when
+        `module` is not DDP-wrapped, gradients are off, or inside `no_sync`.
+        """
+        if not isinstance(module, nn.parallel.DistributedDataParallel):
+            return
+        if not torch.is_grad_enabled() or not module.require_backward_grad_sync:
+            return
+        from torch.nn.parallel.distributed import _find_tensors
+
+        module.require_forward_param_sync = True
+        used = list(_find_tensors(output)) if module.find_unused_parameters and not module.static_graph else []
+        module.reducer._rebuild_buckets()
+        module.reducer.prepare_for_backward(used)
+
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()

@@ -233,7 +233,19 @@ class Accelerator:
         self._schedulers.append(prepared)
         return prepared
 
-    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
+    def prepare_data_loader(
+        self, data_loader: Any, device_placement: bool | None = None, *, even_batches: bool | None = None, register: bool = True
+    ) -> Any:
+        """Shard `data_loader` across the processes.
+
+        Args:
+            data_loader: a ``torch.utils.data.DataLoader`` (a loader prepared before is returned as is).
+            device_placement: move batches to ``self.device`` (default: the Accelerator's setting).
+            even_batches: pad the tail so every process gets as many batches (default: the Accelerator's setting);
+                ``False`` leaves it short, so each sample is seen exactly once (evaluation).
+            register: track the loader for ``save_state``/``load_state`` and for syncing gradients at its end;
+                ``False`` for loaders outside the training loop (evaluation).
+        """
         from strategies.data import DataLoaderShard, prepare_data_loader
 
         if isinstance(data_loader, DataLoaderShard):
@@ -248,12 +260,13 @@ class Accelerator:
             num_processes=self.num_processes,
             process_index=self.process_index,
             split_batches=self.split_batches,
-            even_batches=self.even_batches,
+            even_batches=self.even_batches if even_batches is None else bool(even_batches),
             put_on_device=self.device_placement if device_placement is None else device_placement,
             non_blocking=self.dataloader_config.non_blocking,
             seed=self._data_seed,
         )
-        self._dataloaders.append(prepared)
+        if register:
+            self._dataloaders.append(prepared)
         return prepared
 
     # training -----------------------------------------------------------------------------------------
@@ -278,10 +291,12 @@ class Accelerator:
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """Accumulate gradients: inside, gradient sync and optimizer steps happen only on boundaries."""
         self._do_sync()
+        if self.sync_gradients or not models:  # the common case: nothing to enter
+            yield
+            return
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
-                for model in models:
-                    stack.enter_context(self.strategy.no_sync(model))
+            for model in models:
+                stack.enter_context(self.strategy.no_sync(model))
             yield
 
     def no_sync(self, model: nn.Module) -> ContextManager[Any]:

@@ -99,7 +99,7 @@ def build_checkpoint_state(trainer: Any) -> dict[str, Any]:
     }
     metrics = getattr(trainer, "callback_metrics", None) or {}
     checkpoint["callback_metrics"] = {k: _as_number(v) for k, v in metrics.items() if _as_number(v) is not None}
-    results_state = getattr(getattr(trainer, "_results", None), "state_dict", None)
+    results_state = getattr(trainer, "results_state_dict", None)
     if callable(results_state):  # epoch accumulators of self.log(on_epoch=True), for an exact epoch value after resume
         checkpoint["results"] = results_state()
     _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint)
@@ -316,7 +316,7 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     metrics = getattr(trainer, "callback_metrics", None)
     if isinstance(metrics, dict):
         metrics.update(checkpoint.get("callback_metrics") or {})
-    results_load = getattr(getattr(trainer, "_results", None), "load_state_dict", None)
+    results_load = getattr(trainer, "load_results_state_dict", None)
     if callable(results_load) and "results" in checkpoint:
         results_load(checkpoint["results"])
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})

@@ -1,0 +1,335 @@
+"""The `Trainer`'s loops, as plain functions of the trainer.
+
+    fit:        sanity_check(trainer, val)        # a few validation batches before training
+                while not fit_done(trainer):
+                    train_epoch(trainer, val)     # -> train_batch -> optimizer_step, eval_loop when due
+    validate/test/predict:
+                eval_loop(trainer, stage, loader, limit)
+
+The loop position lives in ``trainer.fit_loop_state`` (saved in checkpoints, so a resume continues
+mid-epoch). Preparation, backward, accumulation, clipping and gathering are the `Accelerator`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from trainer.module import TrainModule
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------------------------------- fit
+def new_loop_state() -> dict[str, Any]:
+    """The loop position of a fit that has not started."""
+    return {"epoch": 0, "global_step": 0, "batches_done_in_epoch": 0, "accumulation_position": 0, "accumulated": 0, "should_stop": False}
+
+
+def max_steps_reached(trainer: Any) -> bool:
+    """True once ``max_steps`` optimizer steps were taken."""
+    return trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
+
+
+def fit_done(trainer: Any) -> bool:
+    """True when training should stop: asked to, ``max_steps`` reached or ``max_epochs`` done."""
+    if trainer.should_stop or max_steps_reached(trainer):
+        return True
+    return trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
+
+
+def sanity_check(trainer: Any, val_loader: Any) -> None:
+    """Run ``num_sanity_val_steps`` validation batches; the metrics they log are dropped afterwards."""
+    stores = (trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics)
+    saved = [dict(d) for d in stores]
+    trainer.sanity_checking = True
+    trainer._dispatch.call("on_sanity_check_start")
+    steps = trainer.num_val_batches if trainer.num_sanity_val_steps == -1 else min(trainer.num_sanity_val_steps, trainer.num_val_batches)
+    eval_loop(trainer, "validation", val_loader, steps)
+    trainer._dispatch.call("on_sanity_check_end")
+    trainer.sanity_checking = False
+    for target, values in zip(stores, saved):
+        target.clear()
+        target.update(values)
+
+
+def train_epoch(trainer: Any, val_loader: Any) -> None:
+    """Run (the rest of) one training epoch, validating when due."""
+    state, module, results = trainer.fit_loop_state, trainer.lightning_module, trainer._results
+    if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:
+        return _next_epoch(trainer, update_plateau=False)  # restored from a checkpoint written at the end of an epoch
+    start = state["batches_done_in_epoch"]
+    batches = _train_batches(trainer, start)
+    module.train()
+    results.set_context("train", False)
+    trainer._dispatch.call("on_train_epoch_start")
+    for batch_idx in range(start, trainer.num_training_batches):
+        batch = next(batches, _MISSING)
+        if batch is _MISSING or not train_batch(trainer, batch, batch_idx):
+            break
+        if val_loader is not None and _validation_due(trainer, batch_idx):
+            eval_loop(trainer, "validation", val_loader, trainer.num_val_batches)
+            module.train()
+        if max_steps_reached(trainer):
+            break
+    results.set_context("train", False)
+    trainer._dispatch.call_module("on_train_epoch_end")
+    _, logged = results.reduce_epoch("train")
+    trainer._dispatch.call_callbacks("on_train_epoch_end")
+    trainer._send_to_trackers(logged)
+    cut_by_max_steps = state["batches_done_in_epoch"] < trainer.num_training_batches and max_steps_reached(trainer)
+    if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
+        _next_epoch(trainer, update_plateau=True)
+
+
+def _train_batches(trainer: Any, start: int) -> Any:
+    """An iterator over this epoch's training batches, starting after the `start` already done (resume)."""
+    loader = trainer._train_loader
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(trainer.current_epoch)
+    if start:  # resuming mid-epoch: skip at the batch-sampler level, no skipped sample is loaded
+        loader = trainer.accelerator.skip_first_batches(loader, start)
+    return iter(loader)
+
+
+def _next_epoch(trainer: Any, *, update_plateau: bool) -> None:
+    step_schedulers(trainer, "epoch", update_plateau=update_plateau)
+    state = trainer.fit_loop_state
+    state["epoch"] += 1
+    state["batches_done_in_epoch"] = 0
+    agree_flags(trainer, False)  # every process learns whether one of them asked to stop
+
+
+def _validation_due(trainer: Any, batch_idx: int) -> bool:
+    if (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch:
+        return False
+    interval = trainer.val_check_interval
+    if isinstance(interval, float):
+        interval = max(1, int(trainer.num_training_batches * interval))
+    last = batch_idx + 1 == trainer.num_training_batches
+    if interval is None or interval >= trainer.num_training_batches:
+        return last
+    return (batch_idx + 1) % interval == 0
+
+
+def train_batch(trainer: Any, batch: Any, batch_idx: int) -> bool:
+    """Run one training batch; return False (having done nothing) when the processes agreed to stop."""
+    state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.lightning_module
+    trainer._results.set_batch(batch)
+    trainer._results.set_context("train", True)
+    steps_before = state["global_step"]
+    trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
+    if not module.automatic_optimization:
+        acc.sync_gradients = True
+        with acc.autocast():
+            output = module.training_step(batch, batch_idx)
+        stop = agree_flags(trainer, False)[1]
+    else:
+        boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches
+        acc.sync_gradients = boundary
+        with contextlib.nullcontext() if boundary else acc.no_sync(trainer._model):
+            with acc.autocast():
+                output = call_through_model(trainer, "training_step", batch, batch_idx)
+            loss = _loss_of(output)
+            skip, stop = agree_flags(trainer, loss is None)
+            if stop:
+                return False
+            if not skip:
+                trainer._dispatch.call("on_before_backward", loss)
+                acc.backward(loss)
+                trainer._dispatch.call("on_after_backward")
+                state["accumulated"] += 1
+        state["accumulation_position"] = 0 if boundary else state["accumulation_position"] + 1
+        if boundary and state["accumulated"]:
+            optimizer_step(trainer)
+    state["batches_done_in_epoch"] = batch_idx + 1
+    trainer._dispatch.call("on_train_batch_end", _detached(output), batch, batch_idx)
+    stepped = state["global_step"] != steps_before
+    if stepped and state["global_step"] % trainer.log_every_n_steps == 0:
+        trainer._send_to_trackers(trainer._results.flush_step())
+    return not stop
+
+
+def optimizer_step(trainer: Any) -> None:
+    """Unscale, clip, step and zero the (single, automatic-optimization) optimizer, then step the schedulers."""
+    acc, optimizer = trainer.accelerator, trainer.optimizers[0]
+    acc.unscale_gradients(optimizer)
+    trainer._dispatch.call("on_before_optimizer_step", optimizer)
+    if trainer.gradient_clip_val:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if trainer.gradient_clip_algorithm == "norm":
+            acc.clip_grad_norm_(params, trainer.gradient_clip_val)
+        else:
+            acc.clip_grad_value_(params, trainer.gradient_clip_val)
+    optimizer.step()
+    trainer.fit_loop_state["global_step"] += 1
+    trainer.fit_loop_state["accumulated"] = 0
+    trainer._dispatch.call("on_before_zero_grad", optimizer)
+    optimizer.zero_grad()
+    if not acc.optimizer_step_was_skipped:
+        step_schedulers(trainer, "step", update_plateau=True)
+
+
+def step_schedulers(trainer: Any, interval: str, *, update_plateau: bool) -> None:
+    """Step the schedulers configured for `interval` ("step" or "epoch") whose frequency is due."""
+    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+    module = trainer.lightning_module
+    for config in trainer.lr_scheduler_configs:
+        if config.interval != interval or count % config.frequency or not module.automatic_optimization:
+            continue
+        metric = None
+        if config.monitor is not None:
+            if not update_plateau:
+                continue
+            metric = trainer.callback_metrics.get(config.monitor)
+            if metric is None:
+                if config.strict:
+                    raise RuntimeError(
+                        f"the lr scheduler monitors {config.monitor!r}, which was not logged; logged: {sorted(trainer.callback_metrics)}. "
+                        "self.log it (e.g. in validation_step), or pass 'strict': False to skip the step when it is missing"
+                    )
+                continue
+            metric = float(metric)
+        module.lr_scheduler_step(config.scheduler, metric)
+
+
+def agree_flags(trainer: Any, skip: bool) -> tuple[bool, bool]:
+    """Make every process agree on (skip this batch, stop now): true if any process says so."""
+    stop = trainer.should_stop
+    if trainer.world_size > 1:
+        acc = trainer.accelerator
+        flags = acc.reduce(torch.tensor([float(skip), float(stop)], device=acc.device), "max")
+        skip, stop = (bool(v) for v in flags.tolist())
+        trainer.should_stop = stop
+    return skip, stop
+
+
+def call_through_model(trainer: Any, method: str, *args: Any) -> Any:
+    """Call ``module.<method>(*args)`` through the prepared (e.g. DDP) wrapper's forward, so it syncs gradients."""
+    module, wrapped = trainer.lightning_module, trainer._model
+    step = getattr(module, method)
+    if wrapped is module:
+        return step(*args)
+    saved = module.__dict__.get("forward", _MISSING)
+
+    def restore() -> None:
+        if saved is _MISSING:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = saved
+
+    def redirect(*inner: Any, **kwargs: Any) -> Any:
+        restore()  # the step's own self(x) calls reach the real forward
+        return step(*inner, **kwargs)
+
+    module.__dict__["forward"] = redirect
+    try:
+        return wrapped(*args)
+    finally:
+        restore()
+
+
+# ---------------------------------------------------------------------------------------- evaluation
+def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
+    """Run one epoch of `stage` ("validation", "test" or "predict") over at most `limit` batches.
+
+    Returns ``[{metric: value}]`` of the epoch-level metrics, or for "predict" every batch's output
+    in dataset order.
+    """
+    module, call, results = trainer.lightning_module, trainer._dispatch.call, trainer._results
+    step = getattr(module, f"{stage}_step")
+    module.eval()
+    was_training, trainer.training = trainer.training, False
+    results.set_context(stage, False)
+    results.enabled = stage != "predict"
+    predictions: list[tuple[int, int, Any]] = []
+    with torch.no_grad():
+        call(f"on_{stage}_start")
+        call(f"on_{stage}_epoch_start")
+        batches = iter(loader)
+        for batch_idx in range(limit):
+            batch = next(batches, _MISSING)
+            if batch is _MISSING:
+                break
+            results.set_batch(batch)
+            call(f"on_{stage}_batch_start", batch, batch_idx)
+            with trainer.accelerator.autocast():
+                output = step(batch, batch_idx)
+            if stage == "predict":
+                predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
+            call(f"on_{stage}_batch_end", output, batch, batch_idx)
+        trainer._dispatch.call_module(f"on_{stage}_epoch_end")
+        metrics, logged = results.reduce_epoch(stage) if stage != "predict" else ({}, {})
+        trainer._dispatch.call_callbacks(f"on_{stage}_epoch_end")
+        trainer._send_to_trackers(logged)
+        call(f"on_{stage}_end")
+    results.enabled, trainer.training = True, was_training
+    if stage == "predict":
+        return _ordered_predictions(trainer, predictions)
+    return [metrics]
+
+
+def _ordered_predictions(trainer: Any, local: list[tuple[int, int, Any]]) -> list[Any]:
+    """Predictions of every process in dataset order (batches are dealt round-robin to processes)."""
+    if trainer.world_size > 1:
+        local = trainer.accelerator.gather_object(local)
+    return [output for _, _, output in sorted(local, key=lambda item: (item[0], item[1]))]
+
+
+# ---------------------------------------------------------------------------------------- small helpers
+def limit_batches(num_batches: int, limit: int | float | None) -> int:
+    """Batches to run per epoch: all, at most `limit` (int), or a fraction of them (float)."""
+    if limit is None:
+        return num_batches
+    if isinstance(limit, float):
+        return max(1, int(num_batches * limit)) if limit > 0 and num_batches else 0
+    return min(num_batches, limit)
+
+
+def overrides(module: TrainModule, name: str) -> bool:
+    """True when `module`'s class defines `name` itself (e.g. ``validation_step``)."""
+    return getattr(type(module), name, None) is not getattr(TrainModule, name, None)
+
+
+def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
+    """The loader passed to the entry point, else the module's ``<kind>_dataloader()``."""
+    if given is None:
+        method = getattr(module, f"{kind}_dataloader", None)
+        given = method() if callable(method) else None
+    if isinstance(given, (list, tuple)):
+        if len(given) != 1:
+            raise ValueError(f"one {kind} dataloader is supported, got {len(given)}; pass a single DataLoader")
+        given = given[0]
+    if given is None:
+        if required:
+            raise ValueError(f"no {kind} dataloader: pass one to the Trainer method, or define {kind}_dataloader() on {type(module).__name__}")
+        return None
+    if not isinstance(given, torch.utils.data.DataLoader):
+        raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(given).__name__}")
+    return given
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    if output is None or isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict) and "loss" in output:
+        return output["loss"]
+    raise TypeError(
+        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' key, or None to skip the batch"
+    )
+
+
+def _detached(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.detach()
+    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+        return {**output, "loss": output["loss"].detach()}
+    return output
+
+
+def _to_cpu(output: Any) -> Any:
+    from strategies.collectives import apply_to_tensors
+
+    return apply_to_tensors(lambda t: t.detach().cpu(), output)

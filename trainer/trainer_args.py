@@ -1,0 +1,188 @@
+"""The `Trainer`'s constructor arguments: the checked record `TrainerArgs`, and what it builds.
+
+`check_arguments` validates every argument before any work starts and raises ``ValueError``/``TypeError``
+naming the bad value and the fix. `build_accelerator` and `default_callbacks` turn the record into the
+`Accelerator` and the callback list the `Trainer` drives; `launch_processes` starts the processes a plain
+``python script.py`` with ``devices > 1`` asks for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from callbacks.base import Callback
+
+_STRATEGIES = ("auto", "single", "ddp")
+_PRECISIONS = ("32", "16-mixed", "bf16-mixed", "no", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainerArgs:
+    """The checked constructor arguments of a `Trainer`."""
+
+    strategy: Any
+    devices: Any
+    precision: str | None
+    max_epochs: int | None
+    max_steps: int | None
+    accumulate_grad_batches: int
+    gradient_clip_val: float | None
+    gradient_clip_algorithm: str
+    callbacks: tuple[Callback, ...]
+    log_with: Any
+    project_dir: str
+    val_check_interval: int | float | None
+    check_val_every_n_epoch: int
+    limit_train_batches: int | float | None
+    limit_val_batches: int | float | None
+    limit_test_batches: int | float | None
+    limit_predict_batches: int | float | None
+    num_sanity_val_steps: int
+    log_every_n_steps: int
+    enable_progress_bar: bool
+    enable_checkpointing: bool
+    enable_model_summary: bool
+    seed: int | None
+    deterministic: bool
+    process_group_timeout: float | None
+    launch_processes: bool = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False, hint: str = "") -> None:
+    if (value is None and allow_none) or (_is_int(value) and value >= minimum):
+        return
+    raise ValueError(f"{name}={value!r} must be an int >= {minimum}{' or None' if allow_none else ''}{hint}")
+
+
+def _check_limit(name: str, value: Any) -> None:
+    if value is None or (_is_int(value) and value >= 0) or (isinstance(value, float) and 0.0 <= value <= 1.0):
+        return
+    raise ValueError(f"{name}={value!r} must be None (all batches), an int >= 0 (a number of batches) or a float in [0.0, 1.0] (a fraction)")
+
+
+def check_arguments(**kw: Any) -> TrainerArgs:
+    """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
+    from strategies.base import Strategy
+
+    strategy = kw["strategy"]
+    if not isinstance(strategy, Strategy) and strategy not in _STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not supported by the Trainer; choose one of {', '.join(map(repr, _STRATEGIES))} or pass a Strategy")
+    devices = kw["devices"]
+    if devices != "auto" and not (_is_int(devices) and devices >= 1):
+        raise ValueError(f"devices={devices!r} must be 'auto' or a positive int (the number of processes on this machine)")
+    if strategy == "single" and _is_int(devices) and devices > 1:
+        raise ValueError(f"strategy='single' runs one process but devices={devices}; use strategy='ddp' or devices=1")
+    precision = kw["precision"]
+    if precision is not None:
+        precision = str(precision)
+        if precision not in _PRECISIONS:
+            raise ValueError(f"precision={kw['precision']!r} is not supported; choose one of {', '.join(map(repr, _PRECISIONS))}")
+    if kw["max_epochs"] not in (None, -1):
+        _check_int("max_epochs", kw["max_epochs"], 1, hint=", -1 (no epoch limit, with max_steps) or None")
+    max_steps = None if kw["max_steps"] == -1 else kw["max_steps"]
+    _check_int("max_steps", max_steps, 1, allow_none=True)
+    max_epochs = kw["max_epochs"]
+    if max_epochs == -1 and max_steps is None:
+        raise ValueError("max_epochs=-1 (no epoch limit) needs max_steps; set max_steps=... or a positive max_epochs")
+    if max_epochs is None and max_steps is None:
+        max_epochs = 1000
+    _check_int("accumulate_grad_batches", kw["accumulate_grad_batches"], 1)
+    clip = kw["gradient_clip_val"]
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+        raise ValueError(f"gradient_clip_val={clip!r} must be None or a number >= 0")
+    if kw["gradient_clip_algorithm"] not in ("norm", "value"):
+        raise ValueError(f"gradient_clip_algorithm={kw['gradient_clip_algorithm']!r} must be 'norm' or 'value'")
+    callbacks = kw["callbacks"]
+    callbacks = () if callbacks is None else (callbacks,) if isinstance(callbacks, Callback) else tuple(callbacks)
+    bad = [cb for cb in callbacks if not isinstance(cb, Callback)]
+    if bad:
+        raise TypeError(f"callbacks must be Callback instances, got {bad!r:.200}; subclass callbacks.base.Callback")
+    interval = kw["val_check_interval"]
+    if not (interval is None or (_is_int(interval) and interval >= 1) or (isinstance(interval, float) and 0.0 < interval <= 1.0)):
+        raise ValueError(f"val_check_interval={interval!r} must be None, an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)")
+    _check_int("check_val_every_n_epoch", kw["check_val_every_n_epoch"], 1)
+    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        _check_limit(name, kw[name])
+    _check_int("num_sanity_val_steps", kw["num_sanity_val_steps"], -1, hint=" (-1: all validation batches)")
+    _check_int("log_every_n_steps", kw["log_every_n_steps"], 1)
+    for name in ("enable_progress_bar", "enable_checkpointing", "enable_model_summary", "deterministic"):
+        if not isinstance(kw[name], bool):
+            raise TypeError(f"{name}={kw[name]!r} must be True or False")
+    if kw["seed"] is not None and not _is_int(kw["seed"]):
+        raise TypeError(f"seed={kw['seed']!r} must be an int or None")
+    timeout = kw["process_group_timeout"]
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"process_group_timeout={timeout!r} must be a positive number of seconds or None")
+    if not isinstance(kw["project_dir"], (str, os.PathLike)):
+        raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
+    values = {**kw, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
+              "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
+    return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))
+
+
+def _needs_launch(strategy: Any, devices: Any) -> bool:
+    """True when this plain process must start `devices` processes itself (from ``fit``)."""
+    from strategies.environment import detect_environment
+
+    cluster = detect_environment()
+    if cluster.is_distributed:
+        if _is_int(devices) and devices != cluster.local_world_size:
+            raise ValueError(
+                f"devices={devices} but the launcher started {cluster.local_world_size} processes on this machine "
+                f"({cluster.source}); pass devices={cluster.local_world_size} or devices='auto'"
+            )
+        return False
+    return _is_int(devices) and devices > 1 and strategy in ("auto", "ddp")
+
+
+def build_accelerator(args: TrainerArgs) -> Any:
+    """The `Accelerator` a `Trainer` with these arguments drives."""
+    from trainer.accelerator import Accelerator
+
+    return Accelerator(
+        mixed_precision=args.precision,
+        gradient_accumulation_steps=None if args.accumulate_grad_batches == 1 else args.accumulate_grad_batches,
+        strategy=None if args.strategy == "auto" else args.strategy,
+        project_dir=args.project_dir,
+        step_scheduler_with_optimizer=False,
+        process_group_timeout=args.process_group_timeout,
+    )
+
+
+def default_callbacks(args: TrainerArgs) -> list[Callback]:
+    """The user's callbacks plus the enabled defaults (progress bar, summary, checkpointing) and the trackers."""
+    callbacks = list(args.callbacks)
+    names = {type(cb).__name__ for cb in callbacks}
+    if args.enable_progress_bar and not any("ProgressBar" in n for n in names):
+        from callbacks.progress import ProgressBar
+
+        callbacks.append(ProgressBar())
+    if args.enable_model_summary and "ModelSummary" not in names:
+        from callbacks.summary import ModelSummary
+
+        callbacks.append(ModelSummary())
+    if args.enable_checkpointing and "ModelCheckpoint" not in names:
+        from callbacks.checkpoint import ModelCheckpoint
+
+        callbacks.append(ModelCheckpoint())
+    if args.log_with:
+        from callbacks.trackers import resolve_trackers
+
+        callbacks.extend(resolve_trackers(args.log_with, project_dir=args.project_dir))
+    return callbacks
+
+
+def launch_processes(args: TrainerArgs) -> None:
+    """Re-run the current script on ``args.devices`` DDP processes (a plain ``python script.py`` with ``devices > 1``)."""
+    from trainer.launchers import launch_current_script
+
+    settings: dict[str, Any] = {"strategy": "ddp"}
+    if args.precision is not None:
+        settings["mixed_precision"] = args.precision
+    launch_current_script(int(args.devices), **settings)
