@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpoint_io import fsync_dir
+
 FORMAT_NAME = "trainwright-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -171,7 +173,7 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> None:
 
 def _move_into_place(partial: Path, target: Path) -> None:
     """Rename the finished `partial` directory to `target`, replacing an older `target` only afterwards."""
-    _fsync_dir(partial)
+    fsync_dir(partial)
     old = None
     if target.exists():
         old = target.parent / f".{target.name}.old"
@@ -179,7 +181,7 @@ def _move_into_place(partial: Path, target: Path) -> None:
             shutil.rmtree(old)
         os.replace(target, old)
     os.replace(partial, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -192,19 +194,6 @@ def _write_json_durably(path: Path, data: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:

@@ -193,3 +193,24 @@ def test_gather_for_metrics_after_another_loader_finished():
     assert [len(b) for b in train] == [4, 4, 2]
     seen = [acc.gather_for_metrics(b).tolist() for b in evaluation]
     assert seen == [[0, 1, 2, 3], [4, 5, 6]]
+
+
+def test_unregistered_unpadded_loader_is_not_checkpointed(tmp_path):
+    acc = Accelerator(cpu=True)
+    train = acc.prepare(DataLoader(list(range(8)), batch_size=2))
+    evaluation = acc.prepare_data_loader(DataLoader(list(range(5)), batch_size=2), even_batches=False, register=False)
+    assert [b.tolist() for b in evaluation] == [[0, 1], [2, 3], [4]]
+    next(iter(train))
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    import json
+
+    assert len(json.loads((path / "dataloaders.json").read_text())["dataloaders"]) == 1
+
+
+def test_base_strategy_prepare_for_backward_is_a_no_op():
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    out = model(torch.ones(1, 2))
+    acc.strategy.prepare_for_backward(model, out)  # nothing to prepare on one process
+    acc.backward(out.sum())
+    assert model.weight.grad is not None

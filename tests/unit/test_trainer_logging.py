@@ -237,3 +237,20 @@ def test_logging_does_not_read_tensors_back_until_a_write(monkeypatch: pytest.Mo
     assert reads == ["tolist"]  # one transfer for every name
     assert store.reduce_epoch("train")[0] == {"loss_epoch": pytest.approx(49.5), "acc": 0.5}
     assert reads == ["tolist", "tolist"]
+
+
+class LogsFromACallback(Callback):
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        trainer.log_metrics({"custom": torch.tensor(1.5), "count": 3})
+
+
+def test_log_metrics_reaches_metrics_and_trackers(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0, callbacks=[LogsFromACallback(), recorder])
+    trainer.fit(Logs(), _data(4, 2))
+    assert trainer.callback_metrics["custom"] == 1.5 and trainer.logged_metrics["count"] == 3.0
+    assert (2, {"custom": 1.5, "count": 3.0, "epoch": 0}) in recorder.records
+    with pytest.raises(TypeError, match="not a number"):
+        trainer.log_metrics({"bad": "text"})
+    with pytest.raises(TypeError, match="needs a dict"):
+        trainer.log_metrics([("lr", 0.1)])  # type: ignore[arg-type]
