@@ -45,8 +45,8 @@ def _launch(command: list[str], result: Path, timeout: float) -> tuple[float, fl
 
 
 def run(*, quick: bool) -> list[Section]:
-    rounds = 2 if quick else 5
-    steps = 200 if quick else 1000
+    rounds = 2 if quick else 4
+    steps = 200 if quick else 600
     folder = Path(tempfile.mkdtemp(prefix="bench-ddp-"))
     result = folder / "result.json"
     commands = {

@@ -43,7 +43,7 @@ class Workload:
 
 
 TINY = Workload("tiny MLP 32-64-10, batch 32", (32, 64, 10), 32, start=30, steps=600)
-MEDIUM = Workload("medium MLP 1024-4x1024-10, batch 256", (1024, 1024, 1024, 1024, 1024, 10), 256, start=3, steps=12)
+MEDIUM = Workload("medium MLP 1024-4x1024-10, batch 256", (1024, 1024, 1024, 1024, 1024, 10), 256, start=3, steps=10)
 
 
 class StepClock:

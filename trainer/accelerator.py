@@ -207,10 +207,10 @@ class Accelerator:
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        if device_placement is False:
-            model = model  # user placed it
+        """Place `model` on the device and wrap it for the strategy (DDP); ``evaluation_mode`` skips the wrapping."""
         if evaluation_mode or not self.use_distributed:
-            model = model.to(self.device) if device_placement is not False else model
+            if device_placement is not False:  # False: the user placed it
+                model = model.to(self.device)
         else:
             model = self.strategy.setup_module(model)
         if self.strategy.precision.dtype is not None:

@@ -6,7 +6,6 @@ time per step over the steady-state window.
 
 import datetime
 import json
-import os
 import sys
 import time
 
