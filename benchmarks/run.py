@@ -1,6 +1,6 @@
 """Run the Trainwright benchmarks and print one table per measurement.
 
-    python benchmarks/run.py            # everything (~10 minutes on 2 cores)
+    python benchmarks/run.py            # everything (about 11 minutes on 2 cores)
     python benchmarks/run.py --quick    # fewer rounds and steps (~2-3 minutes): for development
     python benchmarks/run.py --only step,import --markdown results.md
 

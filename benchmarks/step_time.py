@@ -300,9 +300,10 @@ def run(*, quick: bool) -> list[Section]:
     for key, work in (("tiny", TINY), ("medium", MEDIUM)):
         if quick:
             work = Workload(work.name, work.sizes, work.batch_size, work.start, max(work.steps // 3, 5))
-        rounds = (3 if quick else 11) if key == "tiny" else (3 if quick else 5)
         data = make_data(work)
         runs, notes = contenders(work, data)
+        # Full runs: a multiple of the contender count, so the rotation puts every contender in every position equally.
+        rounds = 3 if quick else len(runs) * (2 if key == "tiny" else 1)
         sessions: dict[str, list[Session]] = {name: [] for name in runs}
 
         def timed(name: str) -> Callable[[], float]:
