@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Any, Optional, TextIO
 
 from callbacks.base import Callback
@@ -65,16 +66,19 @@ class ProgressBar(Callback):
     bars use ``num_val_batches``/``num_test_batches``/``num_predict_batches``. The postfix shows the
     last training loss and every metric logged with ``prog_bar=True`` (``trainer.progress_bar_metrics``).
 
-    Updates are cheap: the bar is redrawn every ``refresh_rate`` batches, and tensors are converted to
-    floats (which synchronises with the device) only on those redraws.
+    Updates are cheap: the bar is redrawn every ``refresh_rate`` batches but at most once every
+    ``min_interval`` seconds (and always on the last batch), and tensors are converted to floats (which
+    synchronises with the device) only on those redraws.
 
     Args:
         refresh_rate: redraw every this many batches; ``0`` disables the bars.
         leave: keep the finished training bar of each epoch on screen.
         file: stream the bars write to; ``None`` means ``sys.stderr`` at the time a bar is created.
+        min_interval: seconds between two redraws at least (tqdm's ``mininterval``); ``0`` redraws every
+            ``refresh_rate`` batches.
 
     Raises:
-        ValueError: ``refresh_rate`` is not a non-negative integer.
+        ValueError: ``refresh_rate`` is not a non-negative integer, or ``min_interval`` is negative.
         ImportError: tqdm is not installed (raised when the first bar is created).
 
     Example::
@@ -82,13 +86,17 @@ class ProgressBar(Callback):
         trainer = Trainer(max_epochs=3, callbacks=[ProgressBar(refresh_rate=10)])
     """
 
-    def __init__(self, refresh_rate: int = 1, leave: bool = False, file: Optional[TextIO] = None) -> None:
+    def __init__(self, refresh_rate: int = 1, leave: bool = False, file: Optional[TextIO] = None, min_interval: float = 0.1) -> None:
         if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
             raise ValueError(
                 f"ProgressBar(refresh_rate={refresh_rate!r}) is invalid; pass a non-negative integer "
                 "(redraw every that many batches), or 0 to disable the bars."
             )
+        if isinstance(min_interval, bool) or not isinstance(min_interval, (int, float)) or min_interval < 0:
+            raise ValueError(f"ProgressBar(min_interval={min_interval!r}) is invalid; pass a number of seconds >= 0, e.g. 0.1.")
         self.refresh_rate = refresh_rate
+        self.min_interval = float(min_interval)
+        self._last_draw = 0.0
         self.leave = bool(leave)
         self.file = file
         self.train_bar: Any = None
@@ -107,6 +115,7 @@ class ProgressBar(Callback):
 
     def _new_bar(self, desc: str, total: Optional[int], leave: bool) -> Any:
         tqdm = _import_tqdm()
+        self._last_draw = time.monotonic()
         return tqdm(
             total=total,
             desc=desc,
@@ -143,8 +152,7 @@ class ProgressBar(Callback):
             return
         self._last_loss = _loss_of(outputs)
         self._pending += 1
-        total = self.train_bar.total
-        if self._pending >= self.refresh_rate or (total is not None and self.train_bar.n + self._pending >= total):
+        if self._due(self.train_bar, self._pending):
             self._refresh_train_bar(trainer)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
@@ -155,6 +163,18 @@ class ProgressBar(Callback):
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
         self._close_train_bar()
+
+    def _due(self, bar: Any, pending: int) -> bool:
+        """Redraw on the last batch, else every `refresh_rate` batches once `min_interval` has passed."""
+        if bar.total is not None and bar.n + pending >= bar.total:
+            return True
+        if pending < self.refresh_rate:
+            return False
+        now = time.monotonic()
+        if now - self._last_draw < self.min_interval:
+            return False
+        self._last_draw = now
+        return True
 
     def _refresh_train_bar(self, trainer: Any) -> None:
         self.train_bar.update(self._pending)
@@ -187,10 +207,7 @@ class ProgressBar(Callback):
         if self.eval_bar is None:
             return
         self._eval_pending += 1
-        total = self.eval_bar.total
-        if self._eval_pending >= self.refresh_rate or (
-            total is not None and self.eval_bar.n + self._eval_pending >= total
-        ):
+        if self._due(self.eval_bar, self._eval_pending):
             self.eval_bar.update(self._eval_pending)
             self._eval_pending = 0
             self.eval_bar.refresh()

@@ -171,6 +171,9 @@ class Accelerator:
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
+        """True when fp16 loss scaling skipped the last step (inf/nan gradients); never without a scaler."""
+        if self.strategy.precision.scaler is None:
+            return False
         return any(opt.step_was_skipped for opt in self._optimizers)
 
     @property

@@ -168,7 +168,7 @@ def optimizer_step(trainer: Any) -> None:
     trainer.fit_loop_state["accumulated"] = 0
     trainer._dispatch.call("on_before_zero_grad", optimizer)
     optimizer.zero_grad()
-    if not acc.optimizer_step_was_skipped:
+    if trainer.lr_scheduler_configs and not acc.optimizer_step_was_skipped:
         step_schedulers(trainer, "step", update_plateau=True)
 
 

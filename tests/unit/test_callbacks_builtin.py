@@ -241,10 +241,21 @@ def test_progress_bar_totals_and_postfix(tmp_path):
 @pytest.mark.timeout(120)
 def test_progress_bar_redraws_only_every_refresh_rate_batches(tmp_path):
     stream = io.StringIO()
-    trainer = _trainer(tmp_path, callbacks=[ProgressBar(refresh_rate=4, file=stream)])
+    trainer = _trainer(tmp_path, callbacks=[ProgressBar(refresh_rate=4, file=stream, min_interval=0)])
     trainer.fit(TinyModule(), _loader())  # 8 batches: redraws at 4 and 8
     counts = {m.group(1) for m in re.finditer(r"Epoch 0: *\d+%\|[^|]*\| *(\d+)/8", stream.getvalue())}
     assert counts <= {"0", "4", "8"} and "8" in counts
+
+
+@pytest.mark.timeout(120)
+def test_progress_bar_redraws_at_most_every_min_interval(tmp_path):
+    stream = io.StringIO()
+    trainer = _trainer(tmp_path, callbacks=[ProgressBar(refresh_rate=1, file=stream, min_interval=3600)])
+    trainer.fit(TinyModule(), _loader())  # within the hour: only the last batch redraws
+    counts = {m.group(1) for m in re.finditer(r"Epoch 0: *\d+%\|[^|]*\| *(\d+)/8", stream.getvalue())}
+    assert counts <= {"0", "8"} and "8" in counts
+    with pytest.raises(ValueError, match="min_interval=-1"):
+        ProgressBar(min_interval=-1)
 
 
 @pytest.mark.timeout(120)
