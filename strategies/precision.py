@@ -7,7 +7,7 @@ site branches on ``if scaler:``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import torch
 
@@ -98,13 +98,3 @@ class Precision:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
 
-
-@contextlib.contextmanager
-def no_autocast() -> Iterator[None]:
-    """Disable any active autocast inside the block."""
-    with torch.autocast(device_type="cpu", enabled=False):
-        if torch.cuda.is_available():
-            with torch.autocast(device_type="cuda", enabled=False):
-                yield
-        else:
-            yield

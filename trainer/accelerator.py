@@ -306,10 +306,6 @@ class Accelerator:
         """Skip DDP gradient sync in the block (gradients still accumulate locally)."""
         return self.strategy.no_sync(model)
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
-        yield
-
     def autocast(self, autocast_handler: Any = None) -> ContextManager[Any]:
         """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``)."""
         return self.strategy.precision.autocast()

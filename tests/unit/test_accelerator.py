@@ -214,3 +214,17 @@ def test_base_strategy_prepare_for_backward_is_a_no_op():
     acc.strategy.prepare_for_backward(model, out)  # nothing to prepare on one process
     acc.backward(out.sum())
     assert model.weight.grad is not None
+
+
+def test_single_process_helpers():
+    acc = Accelerator(cpu=True)
+    assert acc.is_last_process and acc.is_main_process
+    assert acc.on_process(lambda: "ran", process_index=0)() == "ran"
+    assert acc.on_process(lambda: "ran", process_index=1)() is None
+    assert acc.on_main_process(lambda: 1)() == 1 and acc.on_local_main_process(lambda: 2)() == 2
+    with acc.main_process_first(), acc.local_main_process_first():
+        pass
+    assert acc.check_trigger() is False
+    acc.set_trigger()
+    assert acc.check_trigger() is True
+    assert acc.check_trigger() is False  # reset after it was seen
