@@ -57,7 +57,7 @@ def import_cost_after_torch(env: dict[str, str] | None = None) -> float:
 def run(*, quick: bool) -> list[Section]:
     rounds = 3 if quick else 5  # full: a multiple of the 5 contenders, so each takes every position equally
     env = {k: v for k, v in repo_env().items() if k != "PYTHONDONTWRITEBYTECODE"}  # cached bytecode, as in a normal install
-    run_python("import trainer, trainer.trainer, trainer.accelerator", env=env)  # writes the bytecode caches once
+    run_python("import trainer, trainer.fit.trainer, trainer.accelerator", env=env)  # writes the bytecode caches once
     contenders = {name: (lambda code=code: timed_process([sys.executable, "-c", code], env=env)) for name, code in STATEMENTS.items()}
     rows = interleaved(contenders, "import torch", rounds, unit="s")
     for name, target in TARGETS.items():

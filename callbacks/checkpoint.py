@@ -1,6 +1,6 @@
 """`ModelCheckpoint`: save checkpoints during `fit`, keep the best k, and point ``last.json`` at the newest.
 
-Every checkpoint is a complete directory written atomically by `trainer.checkpointing.save_checkpoint`.
+Every checkpoint is a complete directory written atomically by `trainer.fit.checkpointing.save_checkpoint`.
 The callback decides *when* to save (every n optimizer steps, every n epochs, after validation), *which*
 checkpoints to keep (the top ``save_top_k`` by a monitored metric, or the newest ones without a monitor),
 and keeps ``<dirpath>/last.json`` naming the newest checkpoint so ``fit(ckpt_path="last")`` finds it.
@@ -156,13 +156,13 @@ class ModelCheckpoint(Callback):
     # ----------------------------------------------------------------------------------- saving
     def resolve_dirpath(self, trainer: Any) -> Path:
         """The directory this callback saves into (``<project_dir>/checkpoints`` unless `dirpath` was given)."""
-        from trainer.checkpointing import default_checkpoint_dir
+        from trainer.fit.checkpointing import default_checkpoint_dir
 
         return self.dirpath if self.dirpath is not None else default_checkpoint_dir(trainer)
 
     def save(self, trainer: Any, *, monitor_required: bool) -> None:
         """Save the checkpoints due now (all ranks call this); rank 0 then removes those that dropped out."""
-        from trainer.checkpointing import save_checkpoint, write_last_pointer
+        from trainer.fit.checkpointing import save_checkpoint, write_last_pointer
 
         self.dirpath = self.resolve_dirpath(trainer)
         metrics = self._metrics(trainer)
@@ -280,7 +280,7 @@ class ModelCheckpoint(Callback):
         return path
 
     def _remove(self, path: Path) -> None:
-        from trainer.checkpointing import is_complete_checkpoint
+        from trainer.fit.checkpointing import is_complete_checkpoint
 
         if self.dirpath is not None and path.parent == self.dirpath and is_complete_checkpoint(path):
             shutil.rmtree(path, ignore_errors=True)

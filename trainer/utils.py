@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from strategies.collectives import broadcast, broadcast_object, gather, gather_object, pad_across_processes, reduce
-from trainer.config import (
+from trainer.accelerator.config import (
     DataLoaderConfiguration,
     DDPKwargs,
     DistributedDataParallelKwargs,

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
 from tests.helpers.multiprocess import run_distributed
-from trainer.module import TrainModule
-from trainer.trainer import Trainer
+from trainer.fit.module import TrainModule
+from trainer.fit.trainer import Trainer
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -43,7 +43,7 @@ def _assert_equal_to(final: Path, expected: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(600)
 def test_kill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    from trainer.checkpointing import find_last_checkpoint
+    from trainer.fit.checkpointing import find_last_checkpoint
 
     first = _phase(tmp_path, kill_at_step=7)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
@@ -58,7 +58,7 @@ def test_kill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -
 
 @pytest.mark.timeout(600)
 def test_kill_while_saving_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
-    from trainer.checkpointing import find_last_checkpoint, verify_checkpoint
+    from trainer.fit.checkpointing import find_last_checkpoint, verify_checkpoint
 
     first = _phase(tmp_path, kill_in_save_at_step=6)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
@@ -83,7 +83,7 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
 
     from callbacks.base import Callback
     from tests.unit.test_checkpoint_resume import run_fit
-    from trainer import checkpointing
+    from trainer.fit import checkpointing
 
     class Killer(Callback):
         """SIGKILLs this process in the middle of the accumulation window after step `kill_at_step`."""

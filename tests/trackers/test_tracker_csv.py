@@ -120,11 +120,11 @@ def test_callback_does_nothing_on_other_ranks(tmp_path: Path, capsys) -> None:
 
 
 def test_trainer_fit_logs_to_csv(tmp_path: Path) -> None:
-    pytest.importorskip("trainer.trainer")
+    pytest.importorskip("trainer.fit.trainer")
     from torch.utils.data import DataLoader, TensorDataset
 
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
     class Regression(TrainModule):
         def __init__(self, lr: float = 0.05) -> None:

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Accelerator, ProjectConfiguration
-from trainer.checkpoint_io import CheckpointError
+from strategies.checkpoint_io import CheckpointError
 from trainer.utils import set_seed
 
 

@@ -128,7 +128,7 @@ def test_save_last_keeps_the_newest_state(tmp_path: Path) -> None:
     assert saved_names(tmp_path / "ck") == ["epoch=3-step=8", "last-epoch=4-step=10"]
     assert Path(cb.last_model_path).name == "last-epoch=4-step=10"
     assert json.loads((tmp_path / "ck" / "last.json").read_text())["last"] == "last-epoch=4-step=10"
-    from trainer.checkpointing import resolve_ckpt_path
+    from trainer.fit.checkpointing import resolve_ckpt_path
 
     assert resolve_ckpt_path(trainer, "last") == Path(cb.last_model_path)
     assert resolve_ckpt_path(trainer, "best") == Path(cb.best_model_path)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import checkpointing
-from trainer.checkpointing import find_last_checkpoint, is_complete_checkpoint, verify_checkpoint
+from trainer.fit import checkpointing
+from trainer.fit.checkpointing import find_last_checkpoint, is_complete_checkpoint, verify_checkpoint
 from tests.unit.test_checkpoint_resume import ResumeNet, assert_same_weights, run_fit
 
 

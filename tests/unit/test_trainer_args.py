@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from callbacks.base import Callback
-from trainer.trainer import Trainer
+from trainer.fit.trainer import Trainer
 
 QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 

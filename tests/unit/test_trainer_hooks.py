@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
 from callbacks.events import ALL_EVENTS
-from trainer.dispatch import HookDispatcher, order_callbacks
-from trainer.module import TrainModule
-from trainer.trainer import Trainer
+from trainer.fit.dispatch import HookDispatcher, order_callbacks
+from trainer.fit.module import TrainModule
+from trainer.fit.trainer import Trainer
 
 MODULE_HOOKS = [e for e in ALL_EVENTS if e not in ("on_log_metrics", "on_exception")]
 

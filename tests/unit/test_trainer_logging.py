@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
-from trainer.metrics_logging import ResultsStore, infer_batch_size
-from trainer.module import TrainModule
-from trainer.trainer import Trainer
+from trainer.fit.results import ResultsStore, infer_batch_size
+from trainer.fit.module import TrainModule
+from trainer.fit.trainer import Trainer
 
 
 def _store() -> ResultsStore:

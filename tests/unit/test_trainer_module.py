@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
-from trainer.module import TrainModule
-from trainer.trainer import Trainer
+from trainer.fit.module import TrainModule
+from trainer.fit.trainer import Trainer
 
 QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer.module import LRSchedulerConfig, TrainModule, parse_optimizers
-from trainer.trainer import Trainer
+from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
+from trainer.fit.trainer import Trainer
 
 
 def _params() -> list[torch.nn.Parameter]:

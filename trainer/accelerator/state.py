@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoint_io as io
+from strategies import checkpoint_io as io
 
 _NUMBERED = re.compile(r"^checkpoint_(\d+)$")
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_io import fsync_dir
+from strategies.checkpoint_io import fsync_dir
 
 FORMAT_NAME = "trainwright-checkpoint"
 FORMAT_VERSION = 1
@@ -315,7 +315,7 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
 
 def _restore_weights(trainer: Any, directory: Path) -> None:
     """``validate``/``test``/``predict`` from a checkpoint: load only the model weights."""
-    from trainer.checkpoint_io import load_safetensors
+    from strategies.checkpoint_io import load_safetensors
 
     weights = directory / "model.safetensors"
     if not weights.is_file():

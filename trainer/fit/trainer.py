@@ -5,8 +5,8 @@
     trainer.test(module, test_loader)
 
 `fit` reads top to bottom in `Trainer._fit`; the loops it runs (`train_epoch`, `train_batch`,
-`eval_loop`, ...) are plain functions in `trainer.loops`, and the constructor arguments are checked in
-`trainer.trainer_args`. Preparation, backward, accumulation, clipping, gathering and checkpoint I/O are
+`eval_loop`, ...) are plain functions in `trainer.fit.loops`, and the constructor arguments are checked in
+`trainer.fit.args`. Preparation, backward, accumulation, clipping, gathering and checkpoint I/O are
 the `Accelerator`'s; nothing here reimplements them.
 """
 
@@ -21,11 +21,11 @@ from typing import Any, Sequence
 import torch
 
 from callbacks.base import Callback
-from trainer import loops
-from trainer.dispatch import HookDispatcher, order_callbacks
-from trainer.metrics_logging import ResultsStore
-from trainer.module import LRSchedulerConfig, TrainModule, parse_optimizers
-from trainer.trainer_args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
+from trainer.fit import loops
+from trainer.fit.dispatch import HookDispatcher, order_callbacks
+from trainer.fit.results import ResultsStore
+from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
+from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
 
 
 class Trainer:
@@ -211,7 +211,7 @@ class Trainer:
 
     def save_checkpoint(self, dirpath: str | os.PathLike[str]) -> Path:
         """Write a complete checkpoint directory, atomically. Every process must call it."""
-        from trainer.checkpointing import save_checkpoint
+        from trainer.fit.checkpointing import save_checkpoint
 
         return save_checkpoint(self, dirpath)
 
@@ -311,7 +311,7 @@ class Trainer:
         self.lr_scheduler_configs = configs
 
     def _restore(self, ckpt_path: str | None) -> None:
-        from trainer.checkpointing import resolve_ckpt_path, restore_checkpoint
+        from trainer.fit.checkpointing import resolve_ckpt_path, restore_checkpoint
 
         path = resolve_ckpt_path(self, ckpt_path)
         if path is not None:
@@ -338,7 +338,7 @@ class Trainer:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
         from safetensors.torch import load_file
 
-        from trainer.checkpointing import resolve_ckpt_path, verify_checkpoint
+        from trainer.fit.checkpointing import resolve_ckpt_path, verify_checkpoint
 
         path = resolve_ckpt_path(self, ckpt_path)
         if path is None:

@@ -30,9 +30,9 @@ from strategies import Strategy, resolve_strategy
 from strategies import collectives
 from strategies.environment import detect_environment, env_flag, env_setting
 from strategies.precision import normalize_precision
-from trainer import accelerator_state
-from trainer.config import DataLoaderConfiguration, DDPKwargs, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
-from trainer.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
+from trainer.accelerator import state as accelerator_state
+from trainer.accelerator.config import DataLoaderConfiguration, DDPKwargs, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
+from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
 
 _UNSET: Any = object()
 
@@ -424,13 +424,13 @@ class Accelerator:
         """Save `obj` on the main process (safetensors for a state dict when ``safe_serialization``)."""
         if not self.is_main_process:
             return
-        from trainer.checkpoint_io import save_safetensors, torch_save
+        from strategies.checkpoint_io import save_safetensors, torch_save
 
         (save_safetensors if safe_serialization else torch_save)(obj, Path(f))
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Save the unwrapped weights (safetensors), sharded by `max_shard_size` with an index file."""
-        from trainer.checkpoint_io import save_model_weights
+        from strategies.checkpoint_io import save_model_weights
 
         state = self.get_state_dict(model)
         if self.is_main_process:
@@ -445,7 +445,7 @@ class Accelerator:
         self._custom_objects.extend(objects)
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None) -> str:
-        """Save everything needed to resume exactly; see `trainer.accelerator_state.save_state`."""
+        """Save everything needed to resume exactly; see `trainer.accelerator.state.save_state`."""
         return accelerator_state.save_state(self, output_dir, extra_state=extra_state)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> dict[str, Any]:

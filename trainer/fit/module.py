@@ -440,7 +440,7 @@ class TrainModule(nn.Module):
         """
         from safetensors.torch import load_file
 
-        from trainer import checkpointing
+        from trainer.fit import checkpointing
 
         directory = Path(checkpoint_path)
         if directory.is_file():

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trainer.module import TrainModule
+from trainer.fit.module import TrainModule
 
 _MISSING = object()
 

@@ -1,0 +1,1 @@
+"""The `Trainer` + `TrainModule` face: ``Trainer(...).fit(module)`` runs the loop, hooks and callbacks."""
