@@ -2,7 +2,8 @@
 
 Every function works in a single process too (it then returns its input, shaped as a gather would).
 Gathering tensors whose shapes differ across ranks pads to the largest size along dim 0, gathers and
-trims; shapes that differ in any other dimension raise a `ValueError` on every rank (no hang).
+trims; shapes that differ in any other dimension, or dtypes or device types that differ, raise a
+`ValueError` on every rank (no hang).
 """
 
 from __future__ import annotations
@@ -33,15 +34,42 @@ def apply_to_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
     return data
 
 
+_DTYPES: list[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+]
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+
+
 def _gather_shapes(tensor: torch.Tensor) -> list[list[int]]:
+    """All-gather every rank's shape; raise `ValueError` on every rank when dtypes or device types differ."""
     world = dist.get_world_size()
-    # Rank count of dims first so that tensors of different ndim fail cleanly, not inside gloo.
-    meta = torch.tensor([tensor.ndim] + list(tensor.shape) + [0] * (8 - tensor.ndim), device=tensor.device, dtype=torch.long)
     if tensor.ndim > 8:
         raise ValueError(f"cannot gather a tensor with {tensor.ndim} dimensions; at most 8 are supported")
+    # Dtype and device type travel with the shape so that every rank sees a mismatch and raises, instead of
+    # gloo mixing element sizes (garbage on one rank, SIGABRT on another).
+    device_code = 0 if tensor.device.type == "cpu" else 1
+    meta = torch.tensor(
+        [tensor.ndim, _dtype_code(tensor.dtype), device_code] + list(tensor.shape) + [0] * (8 - tensor.ndim),
+        device=tensor.device, dtype=torch.long,
+    )
     metas = [torch.empty_like(meta) for _ in range(world)]
     dist.all_gather(metas, meta)
-    return [m[1 : 1 + int(m[0])].tolist() for m in metas]
+    dtypes = [int(m[1]) for m in metas]
+    devices = [int(m[2]) for m in metas]
+    if len(set(dtypes)) > 1 or len(set(devices)) > 1:
+        names = [str(_DTYPES[d]) if d < len(_DTYPES) else "other" for d in dtypes]
+        kinds = ["cpu" if d == 0 else "accelerator" for d in devices]
+        per_rank = ", ".join(f"rank {r}: {n} on {k}" for r, (n, k) in enumerate(zip(names, kinds)))
+        raise ValueError(
+            f"cannot gather tensors whose dtypes or devices differ across processes ({per_rank}); "
+            f"this rank has {tensor.dtype} on {tensor.device}. Cast every rank to the same dtype and device first, "
+            "e.g. tensor.to(torch.float32), or use gather_object()"
+        )
+    return [m[3 : 3 + int(m[0])].tolist() for m in metas]
 
 
 def gather_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -79,6 +80,9 @@ class DDPStrategy(Strategy):
             timeout=datetime.timedelta(seconds=self.timeout),
         )
         self._owns_group = True
+        # A script that never calls end_training() would otherwise reach interpreter exit with gloo's threads
+        # alive, and their std::thread destructors abort ("terminate called without an active exception").
+        atexit.register(self.teardown)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module = module.to(self.device)
