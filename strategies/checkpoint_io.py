@@ -175,16 +175,22 @@ def commit_atomic_dir(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
     """Write the completion marker, flush everything, and rename `tmp` into place."""
     write_json(tmp / COMPLETE_MARKER, {"format_version": FORMAT_VERSION, **manifest})
     fsync_tree(tmp)
-    if final.exists():
-        old = final.parent / f".{final.name}.old"
+    move_into_place(tmp, final)
+
+
+def move_into_place(partial: Path, target: Path) -> None:
+    """Rename the finished `partial` directory to `target`; an older `target` is removed only once the new one is in place."""
+    fsync_dir(partial)
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old"
         if old.exists():
             shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
+        os.replace(target, old)
+    os.replace(partial, target)
+    fsync_dir(target.parent)
+    if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    fsync_dir(final.parent)
 
 
 def is_complete(path: Path) -> bool:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from strategies.checkpoint_io import fsync_dir
+from strategies.checkpoint_io import move_into_place
 
 FORMAT_NAME = "trainwright-checkpoint"
 FORMAT_VERSION = 1
@@ -71,7 +71,7 @@ def save_checkpoint(trainer: Any, dirpath: str | os.PathLike[str]) -> Path:
             "created": time.time(),
         }
         write_manifest(partial, meta)
-        _move_into_place(partial, target)
+        move_into_place(partial, target)
     accelerator.wait_for_everyone()
     return target
 
@@ -169,21 +169,6 @@ def write_manifest(directory: Path, meta: dict[str, Any]) -> None:
             files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "files": files}
     _write_json_durably(directory / MANIFEST_NAME, manifest)
-
-
-def _move_into_place(partial: Path, target: Path) -> None:
-    """Rename the finished `partial` directory to `target`, replacing an older `target` only afterwards."""
-    fsync_dir(partial)
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(target, old)
-    os.replace(partial, target)
-    fsync_dir(target.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_json_durably(path: Path, data: Any) -> None:
