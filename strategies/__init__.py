@@ -7,6 +7,8 @@ from typing import Any, Callable
 from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
 from strategies.environment import ClusterEnvironment, detect_environment
+from strategies.fsdp import FSDPStrategy, apply_fsdp
+from strategies.precision import PRECISION_NAMES, normalize_precision
 from strategies.single_device import SingleDeviceStrategy
 
 
@@ -18,7 +20,7 @@ def _auto(**kwargs: Any) -> Strategy:
 
 def _not_available(name: str, why: str) -> Callable[..., Strategy]:
     def build(**kwargs: Any) -> Strategy:
-        raise NotImplementedError(f"strategy={name!r} is not available in this release: {why}; use strategy='ddp' or 'single'")
+        raise NotImplementedError(f"strategy={name!r} is not available in this release: {why}; use strategy='fsdp', 'ddp' or 'single'")
 
     return build
 
@@ -28,7 +30,9 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "single": SingleDeviceStrategy,
     "single_device": SingleDeviceStrategy,
     "ddp": DDPStrategy,
-    "fsdp": _not_available("fsdp", "FSDP support is planned"),
+    "fsdp": FSDPStrategy,
+    "fsdp2": FSDPStrategy,
+    "fsdp1": _not_available("fsdp1", "FSDP1 (FullyShardedDataParallel) is not supported; strategy='fsdp' shards with FSDP2 (fully_shard)"),
     "deepspeed": _not_available("deepspeed", "DeepSpeed support is planned"),
     "xla": _not_available("xla", "TPU/XLA support is planned"),
 }
@@ -51,8 +55,12 @@ __all__ = [
     "STRATEGIES",
     "ClusterEnvironment",
     "DDPStrategy",
+    "FSDPStrategy",
+    "PRECISION_NAMES",
     "SingleDeviceStrategy",
     "Strategy",
+    "apply_fsdp",
     "detect_environment",
+    "normalize_precision",
     "resolve_strategy",
 ]

@@ -17,16 +17,24 @@ from strategies import collectives
 from strategies.environment import ClusterEnvironment
 from strategies.precision import Precision
 
+_MISSING = object()
+
 
 class Strategy:
-    """Base class. Subclasses set ``name`` and implement `setup_environment`, `setup_module`."""
+    """Base class. Subclasses set ``name`` and implement `setup_environment`, `setup_module`.
+
+    ``precision_class`` is the `Precision` a strategy composes (FSDP's casts differ from autocast), and
+    ``sharded`` says whether its checkpoints hold one shard per process (`strategies.checkpoint_io`).
+    """
 
     name: str = "base"
+    precision_class: type[Precision] = Precision
+    sharded: bool = False
 
     def __init__(self, *, cluster: ClusterEnvironment, device: torch.device, precision: str = "no") -> None:
         self.cluster = cluster
         self.device = torch.device(device)
-        self.precision = Precision(precision, self.device)
+        self.precision = self.precision_class(precision, self.device)
 
     # process layout
     @property
@@ -49,11 +57,49 @@ class Strategy:
     def setup_environment(self) -> None:
         """Create process groups / select the device. Called once before anything else."""
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        return module.to(self.device)
+    def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
+        """Place `module` on the device (``move``) and wrap it for this strategy (``wrap``); returns what to call."""
+        return module.to(self.device) if move else module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Make `optimizer` step the parameters `setup_module` left (sharding strategies replace them)."""
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step" and value.device != self.device:
+                    state[key] = value.to(self.device)
         return optimizer
+
+    def call_through(self, wrapped: nn.Module, module: nn.Module, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``module.<method>(*args)`` through `wrapped`'s ``__call__``, so the wrapper's forward hooks run.
+
+        DDP arms its gradient all-reduce in forward and FSDP gathers the root's parameters there; a
+        ``training_step`` called directly would skip both. `module`'s ``forward`` is pointed at `method` for
+        exactly one call and restored before the step runs, so the step's own ``self(x)`` reaches the real forward.
+        """
+        step = getattr(module, method)
+        if not self.redirects_forward(wrapped, module):
+            return step(*args, **kwargs)
+        saved = module.__dict__.get("forward", _MISSING)
+
+        def restore() -> None:
+            if saved is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = saved
+
+        def redirect(*inner: Any, **inner_kwargs: Any) -> Any:
+            restore()
+            return step(*inner, **inner_kwargs)
+
+        module.__dict__["forward"] = redirect
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            restore()
+
+    def redirects_forward(self, wrapped: nn.Module, module: nn.Module) -> bool:
+        """Whether `call_through` must go through `wrapped`'s forward (a wrapper object here)."""
+        return wrapped is not module
 
     def unwrap_module(self, module: nn.Module) -> nn.Module:
         while hasattr(module, "module") and isinstance(module.module, nn.Module) and type(module).__name__ in _WRAPPERS:
@@ -79,6 +125,21 @@ class Strategy:
         """Skip gradient synchronization inside the block (gradient accumulation)."""
         return contextlib.nullcontext()
 
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients to a total norm of `max_norm`; returns the total norm before clipping, over all shards."""
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in params if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, norm_type)
+        full = getattr(total, "full_tensor", None)  # a sharded (DTensor) norm is partial per process
+        if callable(full):
+            total = full()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp every gradient element into ``[-clip_value, clip_value]`` (element-wise, so shards need no sync)."""
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
     # collectives
     def all_gather(self, data: Any) -> Any:
         return collectives.gather(data)
@@ -86,8 +147,11 @@ class Strategy:
     def all_gather_object(self, obj: Any) -> list[Any]:
         return collectives.gather_object(obj)
 
-    def all_reduce(self, data: Any, reduction: str = "sum") -> Any:
-        return collectives.reduce(data, reduction)
+    def all_reduce(self, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return collectives.reduce(data, reduction, scale)
+
+    def pad_across_processes(self, data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return collectives.pad_across_processes(data, dim, pad_index, pad_first)
 
     def broadcast(self, data: Any, src: int = 0) -> Any:
         return collectives.broadcast(data, src)

@@ -261,3 +261,85 @@ def parse_size(size: int | str) -> int:
             except ValueError:
                 break
     raise ValueError(f"max_shard_size={size!r} is not a size; write it like '5GB', '500MB' or an int number of bytes")
+
+
+# Sharded states (torch.distributed.checkpoint) ------------------------------------------------------------
+
+SHARDED_DIR = "sharded"
+
+
+def is_sharded(directory: Path) -> bool:
+    """True when `directory` holds its model and optimizer states as a DCP checkpoint (one file per process)."""
+    return (Path(directory) / SHARDED_DIR / ".metadata").is_file()
+
+
+def _owner(models: list[Any], optimizer: torch.optim.Optimizer) -> Any:
+    """The model whose parameters `optimizer` steps."""
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in models:
+        if any(id(p) in params for p in model.parameters()):
+            return model
+    raise ValueError("an optimizer steps parameters of none of the prepared models; prepare the model it optimizes")
+
+
+def _dcp_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state: dict[str, Any] = {f"model_{i}": get_model_state_dict(m) for i, m in enumerate(models)}
+    for i, opt in enumerate(optimizers):
+        state[f"optimizer_{i}"] = get_optimizer_state_dict(_owner(models, opt), opt)
+    return state
+
+
+def save_sharded(directory: Path, models: list[Any], optimizers: list[torch.optim.Optimizer]) -> None:
+    """Every process writes its shards of the models and optimizers into `directory` (collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_dcp_state(models, optimizers), checkpoint_id=str(directory))
+
+
+def load_sharded(directory: Path, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+    """Load a `save_sharded` checkpoint into these models and optimizers, resharding to this run's processes.
+
+    Works for any number of processes, also a plain single process without a process group.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    state = _dcp_state(models, optimizers)
+    try:
+        dcp.load(state, checkpoint_id=str(directory))
+    except Exception as err:  # DCP raises its own CheckpointException for missing keys or damaged files
+        raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
+    for i, model in enumerate(models):
+        set_model_state_dict(model, state[f"model_{i}"], options=StateDictOptions(strict=strict))
+    for i, opt in enumerate(optimizers):
+        set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"])
+
+
+def load_weights(directory: Path, module: Any, *, device: Any = "cpu", strict: bool = True, index: int = 0) -> None:
+    """Load the weights of model `index` of a checkpoint directory into `module` (full or sharded format).
+
+    The one weights loader of both faces: evaluation from a checkpoint, ``TrainModule.load_from_checkpoint``
+    and resuming all read weights through it.
+    """
+    directory = Path(directory)
+    if is_sharded(directory):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+        state = {f"model_{index}": get_model_state_dict(module)}
+        try:
+            dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
+        except Exception as err:
+            raise CheckpointError(f"cannot load the sharded weights in {directory}: {err}") from err
+        set_model_state_dict(module, state[f"model_{index}"], options=StateDictOptions(strict=strict))
+        return
+    name = "model.safetensors" if index == 0 else f"model_{index}.safetensors"
+    weights = directory / name
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {str(directory)!r} has no {name} and no sharded states; pass a directory written by "
+            "Trainer.save_checkpoint or Accelerator.save_state"
+        )
+    module.load_state_dict(load_safetensors(weights, device=str(torch.device(device))), strict=strict)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import datetime
-import os
 from typing import Any, ContextManager
 
 import torch
@@ -14,6 +11,7 @@ from torch import nn
 
 from strategies.base import Strategy, best_device
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
+from strategies.process_group import join_process_group, leave_process_group
 
 
 class DDPStrategy(Strategy):
@@ -61,32 +59,11 @@ class DDPStrategy(Strategy):
         self._owns_group = False
 
     def setup_environment(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        if dist.is_initialized():
-            if dist.get_world_size() != self.world_size:
-                raise RuntimeError(
-                    f"a process group of size {dist.get_world_size()} already exists but the environment says "
-                    f"{self.world_size} processes; destroy it or fix WORLD_SIZE"
-                )
-            return
-        os.environ.setdefault("MASTER_ADDR", self.cluster.master_addr)
-        os.environ.setdefault("MASTER_PORT", str(self.cluster.master_port))
-        dist.init_process_group(
-            backend=self.backend,
-            init_method="env://",
-            world_size=self.world_size,
-            rank=self.rank,
-            timeout=datetime.timedelta(seconds=self.timeout),
-        )
-        self._owns_group = True
-        # A script that never calls end_training() would otherwise reach interpreter exit with gloo's threads
-        # alive, and their std::thread destructors abort ("terminate called without an active exception").
-        atexit.register(self.teardown)
+        self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        module = module.to(self.device)
-        if not self.is_distributed or not any(p.requires_grad for p in module.parameters()):
+    def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
+        module = module.to(self.device) if move else module
+        if not wrap or not self.is_distributed or not any(p.requires_grad for p in module.parameters()):
             return module
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
@@ -115,6 +92,5 @@ class DDPStrategy(Strategy):
         module.reducer.prepare_for_backward(used)
 
     def teardown(self) -> None:
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group(self._owns_group)
         self._owns_group = False

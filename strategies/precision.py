@@ -7,9 +7,13 @@ site branches on ``if scaler:``.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, ContextManager
 
 import torch
+from torch import nn
+
+from strategies.collectives import apply_to_tensors
 
 _ALIASES = {
     "no": "no", "32": "no", "32-true": "no", "fp32": "no", "float32": "no",
@@ -19,10 +23,15 @@ _ALIASES = {
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+PRECISION_NAMES = tuple(_ALIASES)
+
+
 def normalize_precision(value: Any) -> str:
-    """Map every accepted spelling to ``"no"``, ``"fp16"`` or ``"bf16"``."""
+    """Map every accepted spelling (``16``, ``"16-mixed"``, ``"bf16-mixed"``, ``"32-true"``, ...) to ``"no"``, ``"fp16"`` or ``"bf16"``."""
     if value is None:
         return "no"
+    if isinstance(value, bool):
+        raise ValueError(f"mixed_precision={value!r} is not supported; choose one of 'no', 'fp16', 'bf16' (or 32, 16, '16-mixed', 'bf16-mixed')")
     key = str(value).strip().lower()
     if key.startswith("precisiontype."):
         key = key.split(".", 1)[1]
@@ -61,6 +70,26 @@ class Precision:
         self._unscaled: set[int] = set()
         self.step_was_skipped = False
 
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Make `module`'s forward run under autocast and hand back float32 outputs (once; a no-op in full precision)."""
+        if self.dtype is None or getattr(module.forward, "_trainwright_autocast", False):
+            return module
+        original = module.forward
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with self.autocast():
+                output = original(*args, **kwargs)
+            return apply_to_tensors(_to_fp32, output)
+
+        forward._trainwright_autocast = True  # type: ignore[attr-defined]
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+    def forward_context(self) -> ContextManager[Any]:
+        """Context the faces enter around a step that runs outside the module's forward (``training_step``)."""
+        return self.autocast()
+
     def autocast(self, enabled: bool = True) -> ContextManager[Any]:
         """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision)."""
         if self.dtype is None or not enabled:
@@ -98,3 +127,39 @@ class Precision:
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
 
+
+
+class FSDPPrecision(Precision):
+    """Mixed precision for FSDP2: parameters all-gathered in the low dtype, gradients reduced in float32.
+
+    The casts are FSDP's own (`MixedPrecisionPolicy`, applied when the strategy shards the module), so no
+    autocast runs; ``fp16`` adds a `ShardedGradScaler`, which agrees on skipped steps across ranks.
+    """
+
+    def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
+        super().__init__(mode, device)
+        if self.mode == "fp16":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(self.device.type)
+
+    def mp_policy(self) -> Any:
+        """The `MixedPrecisionPolicy` for `fully_shard` (None in full precision)."""
+        if self.dtype is None:
+            return None
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def forward_context(self) -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def autocast(self, enabled: bool = True) -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+
+def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

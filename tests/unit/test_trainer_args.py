@@ -15,11 +15,11 @@ QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_mo
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"strategy": "fsdp2"}, ValueError, "strategy='fsdp2' is not supported by the Trainer; choose one of 'auto', 'single', 'ddp'"),
+        ({"strategy": "fsdp3"}, ValueError, "strategy='fsdp3' is not known; choose one of 'auto', 'ddp', 'deepspeed', 'fsdp'"),
         ({"devices": 0}, ValueError, "devices=0 must be 'auto' or a positive int"),
         ({"devices": "2"}, ValueError, "devices='2'"),
         ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs one process but devices=2"),
-        ({"precision": "fp61"}, ValueError, "precision='fp61' is not supported; choose one of '32', '16-mixed'"),
+        ({"precision": "fp61"}, ValueError, "precision='fp61' is not supported; choose one of 32, 16, 'bf16'"),
         ({"max_epochs": 0}, ValueError, "max_epochs=0 must be an int >= 1"),
         ({"max_epochs": 1.5}, ValueError, "max_epochs=1.5"),
         ({"max_epochs": -1}, ValueError, "max_epochs=-1 \\(no epoch limit\\) needs max_steps"),
@@ -69,8 +69,8 @@ def test_max_steps_alone_leaves_epochs_unbounded(tmp_path: Any) -> None:
     assert trainer.max_epochs is None and trainer.max_steps == 5
 
 
-@pytest.mark.parametrize(("given", "mode"), [("32", "no"), ("bf16-mixed", "bf16"), ("bf16", "bf16"), ("16-mixed", "fp16"), ("no", "no")])
-def test_precision_spellings(given: str, mode: str, tmp_path: Any) -> None:
+@pytest.mark.parametrize(("given", "mode"), [("32", "no"), (32, "no"), ("32-true", "no"), ("bf16-mixed", "bf16"), ("bf16", "bf16"), ("16-mixed", "fp16"), (16, "fp16"), ("fp16", "fp16"), ("no", "no")])
+def test_precision_spellings(given: Any, mode: str, tmp_path: Any) -> None:
     assert Trainer(project_dir=tmp_path, precision=given, **QUIET).accelerator.mixed_precision == mode
 
 

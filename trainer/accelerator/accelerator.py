@@ -27,12 +27,12 @@ import torch
 from torch import nn
 
 from strategies import Strategy, resolve_strategy
-from strategies import collectives
+from strategies.collectives import apply_to_tensors
 from strategies.environment import detect_environment, env_flag, env_setting
 from strategies.precision import normalize_precision
 from trainer.accelerator import state as accelerator_state
 from trainer.accelerator.config import DataLoaderConfiguration, DDPKwargs, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
-from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler, autocast_forward
+from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 
 _UNSET: Any = object()
 
@@ -141,6 +141,8 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
+        if self.strategy.name == "fsdp":
+            return DistributedType.FSDP
         if self.num_processes == 1:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
@@ -210,21 +212,19 @@ class Accelerator:
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Place `model` on the device and wrap it for the strategy (DDP); ``evaluation_mode`` skips the wrapping."""
-        if evaluation_mode or not self.use_distributed:
-            if device_placement is not False:  # False: the user placed it
-                model = model.to(self.device)
-        else:
-            model = self.strategy.setup_module(model)
-        if self.strategy.precision.dtype is not None:
-            autocast_forward(model, self.autocast)
+        """Place `model` on the device and wrap it for the strategy (DDP, FSDP); ``evaluation_mode`` skips the wrapping.
+
+        ``device_placement=False`` leaves the model where the user put it.
+        """
+        move = device_placement is not False
+        model = self.strategy.setup_module(model, move=move, wrap=not evaluation_mode)
+        self.strategy.precision.convert_module(self.strategy.unwrap_module(model))
         self._models.append(model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
-        _move_optimizer_state(optimizer, self.device)
         prepared = PreparedOptimizer(self.strategy.setup_optimizer(optimizer), self)
         self._optimizers.append(prepared)
         return prepared
@@ -318,12 +318,12 @@ class Accelerator:
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Unscale (fp16), then clip the gradient norm; returns the total norm before clipping."""
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale (fp16), then clamp every gradient to ``[-clip_value, clip_value]``."""
         self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self.strategy.clip_grad_value_(parameters, clip_value)
 
     def set_trigger(self) -> None:
         self.flag_tensor = torch.tensor(1, device=self.device)
@@ -351,14 +351,14 @@ class Accelerator:
         if remainder is None or remainder < 0:
             return data
         if all_tensors and not use_gather_object:
-            return collectives.apply_to_tensors(lambda t: t[:remainder], data)
+            return apply_to_tensors(lambda t: t[:remainder], data)
         return data[:remainder]
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return collectives.reduce(tensor, reduction, scale)
+        return self.strategy.all_reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return collectives.pad_across_processes(tensor, dim, pad_index, pad_first)
+        return self.strategy.pad_across_processes(tensor, dim, pad_index, pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return self.strategy.broadcast(tensor, from_process)
@@ -552,9 +552,3 @@ def _only_tensors(data: Any) -> bool:
         return len(data) > 0 and all(_only_tensors(v) for v in data.values())
     return False
 
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step" and value.device != device:
-                state[key] = value.to(device)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
-from torch import nn
-
-from strategies.collectives import apply_to_tensors
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -117,23 +113,3 @@ class PreparedScheduler:
             raise AttributeError(name)
         return getattr(self.scheduler, name)
 
-
-def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
-
-
-def autocast_forward(model: nn.Module, autocast: Callable[[], ContextManager[Any]]) -> None:
-    """Run `model`'s forward under autocast and hand back float32 outputs."""
-    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    if getattr(inner.forward, "_trainwright_autocast", False):
-        return
-    original = inner.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with autocast():
-            output = original(*args, **kwargs)
-        return apply_to_tensors(_to_fp32, output)
-
-    forward._trainwright_autocast = True  # type: ignore[attr-defined]
-    inner.forward = forward

@@ -14,8 +14,7 @@ from typing import Any
 
 from callbacks.base import Callback
 
-_STRATEGIES = ("auto", "single", "ddp")
-_PRECISIONS = ("32", "16-mixed", "bf16-mixed", "no", "fp16", "bf16")
+_LAUNCHABLE = ("auto", "ddp", "fsdp", "fsdp2")  # strategies `fit` may start processes for from a plain python run
 
 
 @dataclass(frozen=True)
@@ -68,11 +67,13 @@ def _check_limit(name: str, value: Any) -> None:
 
 def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
-    from strategies.base import Strategy
+    from strategies import STRATEGIES, Strategy, normalize_precision
 
     strategy = kw["strategy"]
-    if not isinstance(strategy, Strategy) and strategy not in _STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not supported by the Trainer; choose one of {', '.join(map(repr, _STRATEGIES))} or pass a Strategy")
+    if not isinstance(strategy, Strategy):
+        if not isinstance(strategy, str) or strategy.lower() not in STRATEGIES:
+            raise ValueError(f"strategy={strategy!r} is not known; choose one of {', '.join(map(repr, sorted(STRATEGIES)))} or pass a Strategy")
+        strategy = strategy.lower()
     devices = kw["devices"]
     if devices != "auto" and not (_is_int(devices) and devices >= 1):
         raise ValueError(f"devices={devices!r} must be 'auto' or a positive int (the number of processes on this machine)")
@@ -80,9 +81,13 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise ValueError(f"strategy='single' runs one process but devices={devices}; use strategy='ddp' or devices=1")
     precision = kw["precision"]
     if precision is not None:
-        precision = str(precision)
-        if precision not in _PRECISIONS:
-            raise ValueError(f"precision={kw['precision']!r} is not supported; choose one of {', '.join(map(repr, _PRECISIONS))}")
+        try:
+            precision = normalize_precision(precision)
+        except ValueError:
+            raise ValueError(
+                f"precision={precision!r} is not supported; choose one of 32, 16, 'bf16', '32-true', '16-mixed', 'bf16-mixed' "
+                "(also 'no', 'fp16')"
+            ) from None
     if kw["max_epochs"] not in (None, -1):
         _check_int("max_epochs", kw["max_epochs"], 1, hint=", -1 (no epoch limit, with max_steps) or None")
     max_steps = None if kw["max_steps"] == -1 else kw["max_steps"]
@@ -121,7 +126,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise ValueError(f"process_group_timeout={timeout!r} must be a positive number of seconds or None")
     if not isinstance(kw["project_dir"], (str, os.PathLike)):
         raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
-    values = {**kw, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
+    values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
     return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))
 
@@ -138,7 +143,7 @@ def _needs_launch(strategy: Any, devices: Any) -> bool:
                 f"({cluster.source}); pass devices={cluster.local_world_size} or devices='auto'"
             )
         return False
-    return _is_int(devices) and devices > 1 and strategy in ("auto", "ddp")
+    return _is_int(devices) and devices > 1 and strategy in _LAUNCHABLE
 
 
 def build_accelerator(args: TrainerArgs) -> Any:
@@ -182,7 +187,7 @@ def launch_processes(args: TrainerArgs) -> None:
     """Re-run the current script on ``args.devices`` DDP processes (a plain ``python script.py`` with ``devices > 1``)."""
     from trainer.launchers import launch_current_script
 
-    settings: dict[str, Any] = {"strategy": "ddp"}
+    settings: dict[str, Any] = {"strategy": "ddp" if args.strategy == "auto" else args.strategy}
     if args.precision is not None:
         settings["mixed_precision"] = args.precision
     launch_current_script(int(args.devices), **settings)

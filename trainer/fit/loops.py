@@ -7,7 +7,8 @@
                 eval_loop(trainer, stage, loader, limit)
 
 The loop position lives in ``trainer.fit_loop_state`` (saved in checkpoints, so a resume continues
-mid-epoch). Preparation, backward, accumulation, clipping and gathering are the `Accelerator`'s.
+mid-epoch). Preparation, backward, accumulation, clipping and gathering are the `Accelerator`'s; calling a step
+through the wrapped model's forward is the strategy's (`Strategy.call_through`).
 """
 
 from __future__ import annotations
@@ -123,15 +124,15 @@ def train_batch(trainer: Any, batch: Any, batch_idx: int) -> bool:
     trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
     if not module.automatic_optimization:
         acc.sync_gradients = True
-        with acc.autocast():
+        with acc.strategy.precision.forward_context():
             output = module.training_step(batch, batch_idx)
         stop = agree_flags(trainer, False)[1]
     else:
         boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches
         acc.sync_gradients = boundary
         with contextlib.nullcontext() if boundary else acc.no_sync(trainer._model):
-            with acc.autocast():
-                output = call_through_model(trainer, "training_step", batch, batch_idx)
+            with acc.strategy.precision.forward_context():
+                output = acc.strategy.call_through(trainer._model, module, "training_step", batch, batch_idx)
             loss = _loss_of(output)
             skip, stop = agree_flags(trainer, loss is None)
             if stop:
@@ -206,31 +207,6 @@ def agree_flags(trainer: Any, skip: bool) -> tuple[bool, bool]:
     return skip, stop
 
 
-def call_through_model(trainer: Any, method: str, *args: Any) -> Any:
-    """Call ``module.<method>(*args)`` through the prepared (e.g. DDP) wrapper's forward, so it syncs gradients."""
-    module, wrapped = trainer.lightning_module, trainer._model
-    step = getattr(module, method)
-    if wrapped is module:
-        return step(*args)
-    saved = module.__dict__.get("forward", _MISSING)
-
-    def restore() -> None:
-        if saved is _MISSING:
-            module.__dict__.pop("forward", None)
-        else:
-            module.__dict__["forward"] = saved
-
-    def redirect(*inner: Any, **kwargs: Any) -> Any:
-        restore()  # the step's own self(x) calls reach the real forward
-        return step(*inner, **kwargs)
-
-    module.__dict__["forward"] = redirect
-    try:
-        return wrapped(*args)
-    finally:
-        restore()
-
-
 # ---------------------------------------------------------------------------------------- evaluation
 def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
     """Run one epoch of `stage` ("validation", "test" or "predict") over at most `limit` batches.
@@ -240,6 +216,10 @@ def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
     """
     module, call, results = trainer.lightning_module, trainer._dispatch.call, trainer._results
     step = getattr(module, f"{stage}_step")
+    # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
+    # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
+    strategy, wrapped = trainer.accelerator.strategy, trainer._model
+    sharded = strategy.sharded
     module.eval()
     was_training, trainer.training = trainer.training, False
     results.set_context(stage, False)
@@ -255,8 +235,8 @@ def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
                 break
             results.set_batch(batch)
             call(f"on_{stage}_batch_start", batch, batch_idx)
-            with trainer.accelerator.autocast():
-                output = step(batch, batch_idx)
+            with strategy.precision.forward_context():
+                output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx) if sharded else step(batch, batch_idx)
             if stage == "predict":
                 predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
             call(f"on_{stage}_batch_end", output, batch, batch_idx)

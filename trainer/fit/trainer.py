@@ -295,17 +295,16 @@ class Trainer:
         return self._eval_loader(val) if val is not None else None
 
     def _configure_optimizers(self, module: TrainModule) -> None:
+        """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
+        if self._prepared_for != id(module):
+            self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         optimizers, configs = parse_optimizers(module.configure_optimizers())
         if module.automatic_optimization and len(optimizers) != 1:
             raise ValueError(
                 f"automatic optimization needs exactly one optimizer, configure_optimizers returned {len(optimizers)}; "
                 "set self.automatic_optimization = False and step them in training_step (see docs/trainer.md)"
             )
-        if self._prepared_for == id(module):
-            prepared = (self._model, *(self.accelerator.prepare_optimizer(o) for o in optimizers))
-        else:
-            prepared = self.accelerator.prepare(module, *optimizers) if optimizers else (self.accelerator.prepare(module),)
-        self._model, self.optimizers, self._prepared_for = prepared[0], list(prepared[1:]), id(module)
+        self.optimizers = [self.accelerator.prepare_optimizer(o) for o in optimizers]
         for config in configs:  # prepared so that checkpoints hold their state; stepped by the loop itself
             self.accelerator.prepare_scheduler(config.scheduler)
         self.lr_scheduler_configs = configs
