@@ -273,6 +273,12 @@ def is_sharded(directory: Path) -> bool:
     return (Path(directory) / SHARDED_DIR / ".metadata").is_file()
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def _owner(models: list[Any], optimizer: torch.optim.Optimizer) -> Any:
     """The model whose parameters `optimizer` steps."""
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -308,7 +314,7 @@ def load_sharded(directory: Path, models: list[Any], optimizers: list[torch.opti
 
     state = _dcp_state(models, optimizers)
     try:
-        dcp.load(state, checkpoint_id=str(directory))
+        dcp.load(state, checkpoint_id=str(directory), no_dist=not _distributed())
     except Exception as err:  # DCP raises its own CheckpointException for missing keys or damaged files
         raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
     for i, model in enumerate(models):
@@ -317,8 +323,13 @@ def load_sharded(directory: Path, models: list[Any], optimizers: list[torch.opti
         set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"])
 
 
-def load_weights(directory: Path, module: Any, *, device: Any = "cpu", strict: bool = True, index: int = 0) -> None:
+def load_weights(
+    directory: Path, module: Any, *, device: Any = "cpu", strict: bool = True, index: int = 0, load_full: Any = None
+) -> None:
     """Load the weights of model `index` of a checkpoint directory into `module` (full or sharded format).
+
+    `load_full(module, state, strict)` loads a full state dict (default: ``module.load_state_dict``; a sharding
+    strategy passes its `load_module_state_dict`).
 
     The one weights loader of both faces: evaluation from a checkpoint, ``TrainModule.load_from_checkpoint``
     and resuming all read weights through it.
@@ -330,7 +341,7 @@ def load_weights(directory: Path, module: Any, *, device: Any = "cpu", strict: b
 
         state = {f"model_{index}": get_model_state_dict(module)}
         try:
-            dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
+            dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR), no_dist=not _distributed())
         except Exception as err:
             raise CheckpointError(f"cannot load the sharded weights in {directory}: {err}") from err
         set_model_state_dict(module, state[f"model_{index}"], options=StateDictOptions(strict=strict))
@@ -342,4 +353,8 @@ def load_weights(directory: Path, module: Any, *, device: Any = "cpu", strict: b
             f"checkpoint {str(directory)!r} has no {name} and no sharded states; pass a directory written by "
             "Trainer.save_checkpoint or Accelerator.save_state"
         )
-    module.load_state_dict(load_safetensors(weights, device=str(torch.device(device))), strict=strict)
+    state = load_safetensors(weights, device=str(torch.device(device)))
+    if load_full is None:
+        module.load_state_dict(state, strict=strict)
+    else:
+        load_full(module, state, strict=strict)

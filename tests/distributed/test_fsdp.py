@@ -153,3 +153,79 @@ def test_fsdp1_is_refused_naming_fsdp2() -> None:
 
     with pytest.raises(NotImplementedError, match="FSDP1 .* is not supported; strategy='fsdp' shards with FSDP2"):
         resolve_strategy("fsdp1")
+
+
+def _train_save_continue(root: str, load: bool):
+    """3 steps (or a load of them), save_state, 3 more steps; also export the weights with save_model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from trainer import Accelerator
+
+    acc = Accelerator(cpu=True, strategy="fsdp")
+    x, y = _data()
+    torch.manual_seed(5 if load else 0)  # a resumed run starts from other weights, which load_state replaces
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2, shuffle=True)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    batches = iter(loader)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            xb, yb = next(batches)
+            acc.backward(nn.functional.mse_loss(model(xb), yb))
+            opt.step()
+            opt.zero_grad()
+
+    out: dict[str, object] = {}
+    if load:
+        acc.load_state(f"{root}/state")
+        batches = iter(loader)  # the restored loader resumes after the batches already seen
+    else:
+        steps(3)
+        acc.save_state(f"{root}/state")
+        out["saved_weights"] = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+        full_opt = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        out["saved_exp_avg"] = {k: v["exp_avg"].clone() for k, v in full_opt.get("state", {}).items()}
+    steps(3)
+    out["final"] = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+    acc.save_model(model, f"{root}/export{int(load)}", max_shard_size="1KB")
+    acc.end_training()
+    return out
+
+
+def test_fsdp_sharded_checkpoint_resumes_bitwise_and_loads_on_one_process(tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    from strategies.checkpoint_io import read_json
+    from trainer import Accelerator
+
+    first = run_distributed(_train_save_continue, str(tmp_path), False)
+    state = tmp_path / "state"
+    files = {p.name for p in (state / "sharded").iterdir()}
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= files  # one shard file per process
+    assert not (state / "model.safetensors").exists() and not (state / "optimizer.bin").exists()
+    resumed = run_distributed(_train_save_continue, str(tmp_path), True)
+    want, got = first[0]["final"], resumed[0]["final"]
+    assert want.keys() == got.keys() and [k for k in want if not torch.equal(want[k], got[k])] == []
+
+    # export: full, unsharded safetensors (sharded by size, with an index) that a plain model loads
+    index = read_json(tmp_path / "export0" / "model.safetensors.index.json")
+    export = {}
+    for name in set(index["weight_map"].values()):
+        export.update(load_file(str(tmp_path / "export0" / name)))
+    plain = Net()
+    plain.load_state_dict(export)
+    assert all(torch.equal(plain.state_dict()[k], want[k]) for k in want)
+
+    # 2 -> 1 process: DCP reshards the 2-process shards into one plain process without a process group
+    acc = Accelerator(cpu=True)
+    model = Net()
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01))
+    acc.load_state(str(state))
+    saved = first[0]["saved_weights"]
+    assert [k for k in saved if not torch.equal(model.state_dict()[k], saved[k])] == []
+    names = [name for name, _ in model.named_parameters()]
+    exp_avg = {names[i]: s["exp_avg"] for i, s in opt.state_dict()["state"].items()}
+    assert exp_avg.keys() == first[0]["saved_exp_avg"].keys()
+    assert all(torch.equal(exp_avg[k], first[0]["saved_exp_avg"][k]) for k in exp_avg)

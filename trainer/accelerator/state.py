@@ -2,7 +2,8 @@
 
 Every rank takes part. Rank 0 writes the shared parts (weights, optimizers, schedulers, scaler, data
 positions, registered objects, extra state) into a hidden staging directory; each rank writes its own RNG
-states there; then rank 0 writes the completion marker, flushes and renames the directory into place. A
+states there, and under a sharded strategy (FSDP) its own shards of the weights and optimizer states
+(`torch.distributed.checkpoint`, in ``sharded/``) instead of rank 0's full files; then rank 0 writes the completion marker, flushes and renames the directory into place. A
 crash at any point leaves the previous checkpoint untouched, and an incomplete one is never loaded.
 """
 
@@ -55,19 +56,22 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, *,
         final = Path(output_dir)
     strategy = accelerator.strategy
     main = accelerator.is_main_process
+    optimizers = [opt.optimizer for opt in accelerator._optimizers]
     # Everything that needs a collective (gathering full state dicts) runs on all ranks first.
-    model_states = [strategy.module_state_dict(m) for m in accelerator._models]
+    model_states = [] if strategy.sharded else [strategy.module_state_dict(m) for m in accelerator._models]
     tmp = io.staging_dir(final)
     if main:
         io.begin_atomic_dir(final)
     accelerator.wait_for_everyone()
     tmp.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
+    if strategy.sharded:  # every rank writes its own shards of the models and optimizers
+        io.save_sharded(tmp / io.SHARDED_DIR, accelerator._models, optimizers)
     io.save_rng_state(tmp / f"random_states_{accelerator.process_index}.safetensors")
     if main:
         _write_shared(accelerator, tmp, model_states, extra_state)
     accelerator.wait_for_everyone()
     if main:
-        manifest = {"num_processes": accelerator.num_processes, "models": len(model_states),
+        manifest = {"num_processes": accelerator.num_processes, "models": len(accelerator._models), "sharded": strategy.sharded,
                     "optimizers": len(accelerator._optimizers), "schedulers": len(accelerator._schedulers)}
         io.commit_atomic_dir(tmp, final, manifest)
         if config.automatic_checkpoint_naming and config.total_limit is not None:
@@ -82,8 +86,9 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, *,
 def _write_shared(accelerator: Any, tmp: Path, model_states: list[dict[str, Any]], extra_state: dict[str, Any] | None) -> None:
     for i, state in enumerate(model_states):
         io.save_safetensors(state, tmp / _indexed("model", i, "safetensors"))
-    for i, opt in enumerate(accelerator._optimizers):
-        io.torch_save(opt.state_dict(), tmp / _indexed("optimizer", i, "bin"))
+    if not accelerator.strategy.sharded:
+        for i, opt in enumerate(accelerator._optimizers):
+            io.torch_save(opt.state_dict(), tmp / _indexed("optimizer", i, "bin"))
     for i, sched in enumerate(accelerator._schedulers):
         io.torch_save(sched.state_dict(), tmp / _indexed("scheduler", i, "bin"))
     scaler = accelerator.strategy.precision.state_dict()
@@ -108,6 +113,25 @@ def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> P
     return found[-1]
 
 
+def _load_models_and_optimizers(accelerator: Any, path: Path, strict: bool) -> None:
+    """Sharded states load into any strategy and process count (DCP reshards); full ones into any strategy."""
+    strategy, models = accelerator.strategy, accelerator._models
+    optimizers = [opt.optimizer for opt in accelerator._optimizers]
+    if io.is_sharded(path):
+        io.load_sharded(path / io.SHARDED_DIR, models, optimizers, strict=strict)
+        return
+    for i, model in enumerate(models):
+        strategy.load_module_state_dict(model, io.load_safetensors(path / _indexed("model", i, "safetensors")), strict=strict)
+    if strategy.sharded and optimizers:
+        raise ValueError(
+            f"checkpoint {str(path)!r} holds full (unsharded) optimizer states, written by a non-sharded strategy; "
+            f"strategy={strategy.name!r} loads only sharded ones. Resume it with the strategy that wrote it, or load "
+            "its weights alone (Accelerator.load_state with only the model prepared)"
+        )
+    for i, opt in enumerate(optimizers):
+        opt.load_state_dict(io.torch_load(path / _indexed("optimizer", i, "bin"), map_location=accelerator.device))
+
+
 def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, strict: bool = True, **_: Any) -> dict[str, Any]:
     """Restore a directory written by `save_state`; returns its ``extra_state``.
 
@@ -122,11 +146,7 @@ def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, 
                 f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
                 "prepare the same objects as when it was saved"
             )
-    device = accelerator.device
-    for i, model in enumerate(accelerator._models):
-        accelerator.strategy.load_module_state_dict(model, io.load_safetensors(path / _indexed("model", i, "safetensors")), strict=strict)
-    for i, opt in enumerate(accelerator._optimizers):
-        opt.load_state_dict(io.torch_load(path / _indexed("optimizer", i, "bin"), map_location=device))
+    _load_models_and_optimizers(accelerator, path, strict)
     for i, sched in enumerate(accelerator._schedulers):
         sched.load_state_dict(io.torch_load(path / _indexed("scheduler", i, "bin")))
     if (path / "scaler.bin").exists():

@@ -21,10 +21,11 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from strategies.checkpoint_io import move_into_place
+from strategies.checkpoint_io import is_sharded, move_into_place
 
 FORMAT_NAME = "trainwright-checkpoint"
 FORMAT_VERSION = 1
@@ -271,7 +272,14 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     if getattr(trainer, "stage", "fit") not in (None, "fit"):
         return _restore_weights(trainer, directory)
     saved_world = manifest.get("world_size")
-    if saved_world is not None and int(saved_world) != int(trainer.world_size):
+    if saved_world is not None and int(saved_world) != int(trainer.world_size) and is_sharded(directory):
+        warnings.warn(
+            f"checkpoint {str(directory)!r} was written by {saved_world} processes and this run has {trainer.world_size}: "
+            "the sharded weights and optimizer states are resharded exactly, but the data order from here on differs "
+            "from an uninterrupted run (each process's loader position and RNG belong to the old layout)",
+            stacklevel=3,
+        )
+    elif saved_world is not None and int(saved_world) != int(trainer.world_size):
         raise ValueError(
             f"checkpoint {str(directory)!r} was written by {saved_world} processes but this run has {trainer.world_size}; "
             "resuming needs the same number of processes (per-rank RNG and data positions). To start a new run from "
@@ -300,14 +308,11 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
 
 def _restore_weights(trainer: Any, directory: Path) -> None:
     """``validate``/``test``/``predict`` from a checkpoint: load only the model weights."""
-    from strategies.checkpoint_io import load_safetensors
+    from strategies.checkpoint_io import load_weights
 
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        raise ValueError(f"checkpoint {str(directory)!r} has no model.safetensors; pass a directory written by Trainer.save_checkpoint")
     module = trainer.lightning_module
-    device = next((p.device for p in module.parameters()), None)
-    module.load_state_dict(load_safetensors(weights, device=str(device) if device is not None else "cpu"))
+    device = next((p.device for p in module.parameters()), "cpu")
+    load_weights(directory, module, device=device, load_full=trainer.accelerator.strategy.load_module_state_dict)
 
 
 def _restore_callback_states(trainer: Any, states: dict[str, Any]) -> None:

@@ -438,8 +438,7 @@ class TrainModule(nn.Module):
             strict: require the checkpoint's keys to match the module's exactly.
             overrides: constructor arguments that replace saved hyperparameters.
         """
-        from safetensors.torch import load_file
-
+        from strategies.checkpoint_io import load_weights
         from trainer.fit import checkpointing
 
         directory = Path(checkpoint_path)
@@ -453,11 +452,7 @@ class TrainModule(nn.Module):
             err.args = (f"{err}; rebuilding {cls.__name__} from {str(directory)!r} with hyperparameters {sorted(hparams)} failed: "
                         "call self.save_hyperparameters() in __init__, or pass the missing arguments to load_from_checkpoint(..., name=value)",)
             raise
-        weights = directory / "model.safetensors"
-        if not weights.is_file():
-            raise FileNotFoundError(f"checkpoint {str(directory)!r} has no model.safetensors; pass a directory written by Trainer.save_checkpoint")
-        device = "cpu" if map_location is None else str(torch.device(map_location))
-        module.load_state_dict(load_file(str(weights), device=device), strict=strict)
+        load_weights(directory, module, device="cpu" if map_location is None else map_location, strict=strict)
         return module
 
 

@@ -335,16 +335,15 @@ class Trainer:
 
     def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
-        from safetensors.torch import load_file
-
+        from strategies.checkpoint_io import load_weights
         from trainer.fit.checkpointing import resolve_ckpt_path, verify_checkpoint
 
         path = resolve_ckpt_path(self, ckpt_path)
         if path is None:
             raise ValueError(f"ckpt_path={ckpt_path!r} found no checkpoint; fit first or pass a checkpoint directory")
         verify_checkpoint(path)
-        state = load_file(str(Path(path) / "model.safetensors"), device=str(self.accelerator.device))
-        self.lightning_module.load_state_dict(state)
+        strategy = self.accelerator.strategy
+        load_weights(Path(path), self.lightning_module, device=strategy.device, load_full=strategy.load_module_state_dict)
 
     # ------------------------------------------------------------------------------------ run plumbing
     def _run(self, stage: str, module: TrainModule | None, body: Any) -> Any:

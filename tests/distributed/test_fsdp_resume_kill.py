@@ -1,0 +1,91 @@
+"""FSDP resume after ``kill -9`` on 2 processes: a rank SIGKILLed mid-epoch, the job restarted with
+``fit(ckpt_path="last")``, ends with the same weights, bit for bit, as a run never interrupted. Each phase
+is a real ``torchrun`` job (``python -m tests.distributed.test_fsdp_resume_kill``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.multiprocess import free_port
+
+pytestmark = [pytest.mark.distributed]
+
+REPO = Path(__file__).resolve().parents[2]
+TOTAL_STEPS, EVERY, KILL_AT = 9, 3, 5
+
+
+def _phase(root: Path, kill_at_step: int) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "tests.distributed.test_fsdp_resume_kill", str(root), str(kill_at_step)]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_kill_mid_epoch_then_resume_is_bit_exact(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from trainer.fit.checkpointing import find_last_checkpoint, verify_checkpoint
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    straight.mkdir(), run.mkdir()
+    assert _phase(straight, 0).returncode == 0
+    killed = _phase(run, KILL_AT)
+    assert killed.returncode != 0 and not (run / "final.safetensors").exists(), killed.stderr[-3000:]
+    last = find_last_checkpoint(run / "ckpts")
+    assert last is not None and verify_checkpoint(last)["global_step"] == 3
+    assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (last / "sharded").iterdir()}
+    resumed = _phase(run, 0)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    report = json.loads((run / "report.json").read_text())
+    assert report == {"global_step": TOTAL_STEPS, "first_step_resumed": 4}
+    want, got = load_file(str(straight / "final.safetensors")), load_file(str(run / "final.safetensors"))
+    assert want.keys() == got.keys() and [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+# ------------------------------------------------------------------------------- the training job
+def main(root: Path, kill_at_step: int) -> None:
+    """Train to TOTAL_STEPS with FSDP and a checkpoint every EVERY steps, resuming from "last"; rank 0 may die."""
+    from safetensors.torch import save_file
+
+    from callbacks.base import Callback
+    from tests.unit.test_checkpoint_resume import run_fit
+
+    class Killer(Callback):
+        """SIGKILLs rank 0 between backward and the optimizer step after step `kill_at_step`."""
+
+        def on_after_backward(self, trainer: Any, module: Any) -> None:
+            if trainer.global_step == kill_at_step and trainer.global_rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    class FirstStep(Callback):
+        def __init__(self) -> None:
+            self.first: int | None = None
+
+        def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.first = trainer.global_step if self.first is None else self.first
+
+    first = FirstStep()
+    resuming = (root / "ckpts").is_dir()
+    module, trainer, _ = run_fit(
+        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=99 if resuming else 1, strategy="fsdp",
+        extra_callbacks=(Killer(), first) if kill_at_step else (first,),
+    )
+    full = trainer.strategy.module_state_dict(module)
+    if trainer.is_global_zero:
+        save_file({k: v.contiguous() for k, v in full.items()}, str(root / "final.safetensors"))
+        (root / "report.json").write_text(json.dumps({"global_step": trainer.global_step, "first_step_resumed": first.first}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
