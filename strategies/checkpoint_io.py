@@ -1,33 +1,36 @@
-"""Checkpoint files: written atomically, read without unpickling arbitrary objects.
+"""Checkpoint files: one directory per checkpoint, written atomically, read without unpickling arbitrary objects.
 
-Layout of a state directory written by `Accelerator.save_state`::
+Layout of a checkpoint directory (`Accelerator.save_state`; `Trainer.save_checkpoint` adds ``hparams.json``
+and its loop state in ``extra_state.json``)::
 
-    model.safetensors / model_1.safetensors ...     unwrapped state_dict keys
-    optimizer.bin / optimizer_1.bin ...             torch.save, loaded with weights_only=True
+    model.safetensors / model_1.safetensors ...     full state dicts, unwrapped keys (single, DDP)
+    optimizer.bin / optimizer_1.bin ...             torch.save, loaded with weights_only=True (single, DDP)
+    sharded/                                        FSDP: model and optimizer shards, torch.distributed.checkpoint
     scheduler.bin / scheduler_1.bin ...             torch.save, loaded with weights_only=True
     scaler.bin                                      fp16 loss scaler (when used)
     custom_checkpoint_0.bin ...                     objects given to register_for_checkpointing
     random_states_<rank>.safetensors                torch/cuda RNG tensors; python/numpy states in its metadata
     dataloaders.json, extra_state.json              JSON
-    checkpoint.json                                 written last: marks the directory complete
+    manifest.json                                   written last: size and SHA-256 of every file, metadata
+
+`CheckpointWriter` stages it in ``.<name>.partial`` and hashes each file while writing it; `verify_checkpoint`
+checks every file against the manifest before anything is loaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
 import random
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-COMPLETE_MARKER = "checkpoint.json"
-FORMAT_VERSION = 1
-
 
 class CheckpointError(ValueError):
     """A checkpoint is incomplete, tampered with, or not a trainwright checkpoint."""
@@ -44,19 +47,6 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    """Flush every file under `path` (and the directories) to disk."""
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(Path(root))
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
 def read_json(path: Path) -> Any:
@@ -155,27 +145,141 @@ def load_rng_state(path: Path) -> None:
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
 
-# Atomic directories -------------------------------------------------------------------------------------
+
+# One checkpoint directory: staged, hashed while written, one manifest written last -------------------------
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "trainwright-checkpoint"
+FORMAT_VERSION = 2
+LEGACY_MARKER = "checkpoint.json"  # format 1: an Accelerator directory marked complete by this file, without hashes
+_HASH_CHUNK = 1 << 22
 
 
-def staging_dir(final: Path) -> Path:
-    """The temporary sibling a checkpoint is written into before the rename."""
-    return final.parent / f".{final.name}.tmp"
+class _HashingFile:
+    """A binary file that hashes (SHA-256) and counts what is written through it."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.digest, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        self.size += len(view)
+        return self.fh.write(view)
+
+    def flush(self) -> None:
+        self.fh.flush()
 
 
-def begin_atomic_dir(final: Path) -> Path:
-    tmp = staging_dir(final)
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left over by a crash mid-save
-    tmp.mkdir(parents=True)
-    return tmp
+class CheckpointWriter:
+    """Writes one checkpoint directory: every file goes into the hidden ``.<name>.partial`` sibling, hashed as
+    it is written (no file is read back), and `commit` writes ``manifest.json`` (sizes, SHA-256s, metadata)
+    last, flushes, and renames the directory into place. A crash at any point leaves ``<name>`` as it was.
+
+    Every process makes its own writer for the same directory; rank 0 `commit`s with the others' entries.
+    """
+
+    def __init__(self, final: str | os.PathLike[str]) -> None:
+        self.final = Path(final).absolute()
+        self.staging = self.final.parent / f".{self.final.name}.partial"
+        self.files: dict[str, dict[str, Any]] = {}
+
+    def clear_staging(self) -> None:
+        """Remove what a crashed save left behind (rank 0, before the others write)."""
+        if self.final.exists() and not self.final.is_dir():
+            raise FileExistsError(f"cannot save a checkpoint to {str(self.final)!r}: it is a file; pass a directory path")
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+
+    def _write(self, name: str, produce: Any) -> None:
+        path = self.staging / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
+            out = _HashingFile(fh)
+            produce(out)
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.files[name] = {"size": out.size, "sha256": out.digest.hexdigest()}
+
+    def save_safetensors(self, name: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+        self._write(name, lambda out: write_safetensors(out, state, metadata))
+
+    def save_torch(self, name: str, obj: Any) -> None:
+        self._write(name, lambda out: torch.save(obj, out))
+
+    def save_json(self, name: str, data: Any) -> None:
+        self._write(name, lambda out: out.write(json.dumps(data, indent=1, sort_keys=True).encode()))
+
+    def save_rng_state(self, name: str) -> None:
+        tensors, meta = capture_rng_state()
+        self.save_safetensors(name, tensors, metadata=meta)
+
+    def hash_written(self, names: list[str]) -> None:
+        """Record files another library wrote into the staging directory (DCP shards): these are read back once."""
+        for name in names:
+            path = self.staging / name
+            self.files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+
+    def commit(self, meta: dict[str, Any], others: list[dict[str, dict[str, Any]]] = ()) -> Path:
+        """Write the manifest (this rank's files plus `others`), flush, and move the directory into place."""
+        files = dict(self.files)
+        for entries in others:
+            files.update(entries)
+        manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "files": dict(sorted(files.items()))}
+        write_json_durably(self.staging / MANIFEST_NAME, manifest)
+        fsync_dir(self.staging)
+        move_into_place(self.staging, self.final)
+        return self.final
 
 
-def commit_atomic_dir(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
-    """Write the completion marker, flush everything, and rename `tmp` into place."""
-    write_json(tmp / COMPLETE_MARKER, {"format_version": FORMAT_VERSION, **manifest})
-    fsync_tree(tmp)
-    move_into_place(tmp, final)
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+
+
+def write_safetensors(out: Any, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Stream `state` to the binary file `out` in the safetensors format, one tensor at a time (no full copy).
+
+    Tied tensors are written once per key, as `dedupe_shared_tensors` gives them to ``safetensors``.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    tensors, offset = [], 0
+    for key, tensor in state.items():
+        tensor = tensor.detach()
+        if tensor.dtype not in _ST_DTYPES:
+            raise TypeError(f"cannot store {key!r} of dtype {tensor.dtype} in safetensors; convert it to a supported dtype")
+        tensor = tensor.to("cpu").contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        header[key] = {"dtype": _ST_DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        tensors.append(tensor)
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    out.write(struct.pack("<Q", len(encoded)) + encoded)
+    for tensor in tensors:
+        if tensor.numel():
+            out.write(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def write_json_durably(path: Path, data: Any) -> None:
+    """Write JSON to `path` through a temporary file, flushed and fsynced, then renamed over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def move_into_place(partial: Path, target: Path) -> None:
@@ -193,23 +297,81 @@ def move_into_place(partial: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def is_complete(path: Path) -> bool:
-    return (Path(path) / COMPLETE_MARKER).is_file()
+# Reading: the manifest first, every file checked against it before any is loaded ---------------------------
 
 
-def check_complete(path: Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist; pass the directory save_state wrote")
-    if not is_complete(path):
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate the manifest of a checkpoint directory (no file contents are checked).
+
+    Format-1 Accelerator directories (``checkpoint.json``, no hashes) are read too, as a manifest without
+    ``files``.
+
+    Raises:
+        FileNotFoundError: `directory` does not exist.
+        CheckpointError (a ValueError): it is not a complete checkpoint.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(directory)!r} does not exist; pass a checkpoint directory (or 'last'/'best')")
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        if (directory / LEGACY_MARKER).is_file():
+            legacy = read_json(directory / LEGACY_MARKER)
+            if isinstance(legacy, dict):
+                return legacy
         raise CheckpointError(
-            f"{str(path)!r} is not a complete checkpoint (no {COMPLETE_MARKER}); it was interrupted mid-save "
-            "or is not a trainwright checkpoint. Load an earlier checkpoint instead"
+            f"{str(directory)!r} is not a complete checkpoint: it has no {MANIFEST_NAME} (the file written last, so the "
+            "save was interrupted or this is not a checkpoint directory); pass a directory written by "
+            "Trainer.save_checkpoint, ModelCheckpoint or Accelerator.save_state, or ckpt_path='last'"
         )
-    manifest = read_json(path / COMPLETE_MARKER)
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{path / COMPLETE_MARKER} is not a JSON object; the checkpoint was tampered with")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"checkpoint {str(directory)!r} has an unreadable {MANIFEST_NAME}: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{str(path)!r} is not a {FORMAT_NAME} manifest; the checkpoint is damaged or was not written by Trainwright")
+    version = manifest.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} has format version {version!r}, newer than this Trainwright reads "
+            f"({FORMAT_VERSION}); upgrade Trainwright to load it"
+        )
     return manifest
+
+
+def verify_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check that every file of the checkpoint matches its manifest; return the manifest.
+
+    Raises:
+        CheckpointError (a ValueError): a file was changed, added or removed since the checkpoint was written.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    expected = manifest.get("files")
+    if expected is None:  # format 1 Accelerator directory: complete, but without hashes to check
+        return manifest
+    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {MANIFEST_NAME}
+    problems = [f"{name} is missing" for name in sorted(set(expected) - present)]
+    problems += [f"{name} was added" for name in sorted(present - set(expected))]
+    for name in sorted(present & set(expected)):
+        entry, path = expected[name], directory / name
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or sha256_of(path) != entry.get("sha256"):
+            problems.append(f"{name} was modified")
+    if problems:
+        raise CheckpointError(
+            f"refusing to load checkpoint {str(directory)!r}: its files do not match its manifest ({'; '.join(problems)}). "
+            "It was damaged or tampered with after saving; load an intact checkpoint"
+        )
+    return manifest
+
+
+def is_complete(directory: str | os.PathLike[str]) -> bool:
+    """True when `directory` holds a finished checkpoint (its manifest exists and lists files that exist)."""
+    try:
+        manifest = read_manifest(directory)
+    except (OSError, ValueError):
+        return False
+    return all((Path(directory) / name).is_file() for name in manifest.get("files") or {})
 
 
 def save_model_weights(
@@ -242,7 +404,7 @@ def save_model_weights(
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
             "weight_map": {key: name for name, shard in zip(names, shards) for key in shard},
         }
-        write_json(directory / f"{weights_name}.index.json", index)
+        write_json_durably(directory / f"{weights_name}.index.json", index)
     return names
 
 

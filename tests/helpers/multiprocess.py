@@ -1,11 +1,14 @@
 """Run a function in N real processes (gloo on CPU) with a short process-group timeout.
 
-The processes are forked (cheap here: torch is already imported) and see the same environment variables
-torchrun would set, so `Accelerator`/`Trainer` inside detect a distributed run on their own.
+The processes are forked from a fork server (started once, with torch imported, before any computation) and
+see the same environment variables torchrun would set, so `Accelerator`/`Trainer` inside detect a distributed
+run on their own. Forking the test process itself is unsafe once it has run a computation: the CPU thread
+pools it started do not survive a fork, and a child's next matmul can hang forever.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import socket
@@ -18,13 +21,19 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 
+mp.set_forkserver_preload(["torch", "trainer", "strategies"])
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _worker(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, env: dict[str, str], args: tuple[Any, ...]) -> None:
+def _worker(
+    rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, env: dict[str, str], args: tuple[Any, ...], timeout: float
+) -> None:
+    faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)  # a hung rank shows where it hangs
     os.environ.update(
         {
             "RANK": str(rank),
@@ -57,7 +66,7 @@ def run_distributed(fn: Callable[..., Any], *args: Any, nprocs: int = 2, env: di
     """Run ``fn(*args)`` on `nprocs` ranks; return each rank's result, or raise with the failing rank's traceback."""
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
-            _worker, args=(fn, nprocs, free_port(), out_dir, env or {}, args), nprocs=nprocs, join=False, start_method="fork"
+            _worker, args=(fn, nprocs, free_port(), out_dir, env or {}, args, timeout), nprocs=nprocs, join=False, start_method="forkserver"
         )
         deadline = time.monotonic() + timeout
         try:

@@ -82,8 +82,8 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
     from safetensors.torch import save_file
 
     from callbacks.base import Callback
+    from strategies.checkpoint_io import CheckpointWriter
     from tests.unit.test_checkpoint_resume import run_fit
-    from trainer.fit import checkpointing
 
     class Killer(Callback):
         """SIGKILLs this process in the middle of the accumulation window after step `kill_at_step`."""
@@ -100,14 +100,14 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
             self.first = trainer.global_step if self.first is None else self.first
 
     if kill_in_save_at_step:
-        write_manifest = checkpointing.write_manifest
+        commit = CheckpointWriter.commit
 
-        def dying_write_manifest(directory: Path, meta: dict[str, Any]) -> None:
+        def dying_commit(self: CheckpointWriter, meta: dict[str, Any], others: Any = ()) -> Path:
             if meta["global_step"] == kill_in_save_at_step:  # every other file of the checkpoint is written
                 os.kill(os.getpid(), signal.SIGKILL)
-            write_manifest(directory, meta)
+            return commit(self, meta, others)
 
-        checkpointing.write_manifest = dying_write_manifest
+        CheckpointWriter.commit = dying_commit  # type: ignore[method-assign]
     first = FirstStep()
     module, trainer, _ = run_fit(
         # the first process starts like the uninterrupted run; the resuming one from other weights, which "last" replaces

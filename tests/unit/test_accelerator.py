@@ -127,9 +127,38 @@ def test_tampered_checkpoint_is_refused(tmp_path):
 def test_incomplete_checkpoint_is_refused(tmp_path):
     acc, model, opt, sched, loader = make()
     path = Path(acc.save_state(tmp_path / "ckpt"))
-    (path / "checkpoint.json").unlink()
+    (path / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         acc.load_state(path)
+
+
+def test_one_manifest_hashes_every_file_as_written(tmp_path):
+    import hashlib
+    import json
+
+    acc, model, opt, sched, loader = make()
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    manifest = json.loads((path / "manifest.json").read_text())
+    on_disk = {p.name for p in path.iterdir()} - {"manifest.json"}
+    assert set(manifest["files"]) == on_disk and manifest["format_version"] == 2
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == hashlib.sha256((path / name).read_bytes()).hexdigest()
+    assert not list(tmp_path.glob(".*"))  # the staging directory is gone
+
+
+def test_format_1_directory_still_loads(tmp_path):
+    import json
+
+    acc, model, opt, sched, loader = make()
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    (path / "manifest.json").unlink()  # the previous release marked a directory complete with checkpoint.json
+    (path / "checkpoint.json").write_text(json.dumps({"format_version": 1, "num_processes": 1, "models": 1, "optimizers": 1, "schedulers": 1}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    acc.load_state(path)
+    assert all(torch.equal(model.state_dict()[k], want[k]) for k in want)
 
 
 def test_save_model_shards_with_index(tmp_path):

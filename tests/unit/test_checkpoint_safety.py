@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import pickle
 import shutil
@@ -39,8 +40,10 @@ def plant_payload(ckpt: Path, name: str, marker: Path) -> None:
 def rewrite_manifest(ckpt: Path) -> None:
     """What an attacker who knows the format would do: make the manifest match the planted file."""
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    meta = {k: v for k, v in manifest.items() if k not in ("format", "format_version", "files")}
-    checkpointing.write_manifest(ckpt, meta)
+    for name, entry in manifest["files"].items():
+        data = (ckpt / name).read_bytes()
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.timeout(120)

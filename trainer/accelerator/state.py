@@ -1,10 +1,12 @@
 """`save_state` / `load_state`: everything needed to resume a run exactly.
 
-Every rank takes part. Rank 0 writes the shared parts (weights, optimizers, schedulers, scaler, data
-positions, registered objects, extra state) into a hidden staging directory; each rank writes its own RNG
-states there, and under a sharded strategy (FSDP) its own shards of the weights and optimizer states
-(`torch.distributed.checkpoint`, in ``sharded/``) instead of rank 0's full files; then rank 0 writes the completion marker, flushes and renames the directory into place. A
-crash at any point leaves the previous checkpoint untouched, and an incomplete one is never loaded.
+Every rank takes part, through one `strategies.checkpoint_io.CheckpointWriter` each. Rank 0 writes the
+shared parts (weights, optimizers, schedulers, scaler, data positions, registered objects, extra state)
+into a hidden staging directory; each rank writes its own RNG states there, and under a sharded strategy
+(FSDP) its own shards of the weights and optimizer states (`torch.distributed.checkpoint`, in ``sharded/``)
+instead of rank 0's full files. Then rank 0 writes ``manifest.json`` (every rank's file hashes, computed
+while writing), flushes and renames the directory into place. A crash at any point leaves the previous
+checkpoint untouched, and an incomplete one is never loaded.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,19 @@ def numbered_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, *, extra_state: dict[str, Any] | None = None) -> str:
-    """Write a checkpoint directory and return its path (see the module docstring)."""
+def save_state(
+    accelerator: Any,
+    output_dir: str | os.PathLike | None = None,
+    *,
+    extra_state: dict[str, Any] | None = None,
+    extra_json: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> str:
+    """Write a checkpoint directory and return its path (see the module docstring).
+
+    `extra_json` adds JSON files (name -> data) and `meta` manifest entries; the `Trainer` passes its
+    ``hparams.json`` and loop position this way, so both faces write one directory with one manifest.
+    """
     config = accelerator.project_configuration
     if config.automatic_checkpoint_naming:
         if output_dir is not None:
@@ -54,26 +68,30 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, *,
         raise ValueError("save_state() needs an output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
     else:
         final = Path(output_dir)
-    strategy = accelerator.strategy
+    strategy, rank = accelerator.strategy, accelerator.process_index
     main = accelerator.is_main_process
-    optimizers = [opt.optimizer for opt in accelerator._optimizers]
+    writer = io.CheckpointWriter(final)
     # Everything that needs a collective (gathering full state dicts) runs on all ranks first.
     model_states = [] if strategy.sharded else [strategy.module_state_dict(m) for m in accelerator._models]
-    tmp = io.staging_dir(final)
     if main:
-        io.begin_atomic_dir(final)
+        writer.clear_staging()
     accelerator.wait_for_everyone()
-    tmp.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
+    writer.staging.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
     if strategy.sharded:  # every rank writes its own shards of the models and optimizers
-        io.save_sharded(tmp / io.SHARDED_DIR, accelerator._models, optimizers)
-    io.save_rng_state(tmp / f"random_states_{accelerator.process_index}.safetensors")
+        io.save_sharded(writer.staging / io.SHARDED_DIR, accelerator._models, [opt.optimizer for opt in accelerator._optimizers])
+        shards = [f"{io.SHARDED_DIR}/{p.name}" for p in (writer.staging / io.SHARDED_DIR).glob(f"__{rank}_*.distcp")]
+        writer.hash_written(shards + ([f"{io.SHARDED_DIR}/.metadata"] if main else []))
+    writer.save_rng_state(f"random_states_{rank}.safetensors")
     if main:
-        _write_shared(accelerator, tmp, model_states, extra_state)
-    accelerator.wait_for_everyone()
+        _write_shared(accelerator, writer, model_states, extra_state)
+        for name, data in (extra_json or {}).items():
+            writer.save_json(name, data)
+    entries = strategy.all_gather_object(writer.files) if accelerator.num_processes > 1 else [writer.files]
     if main:
-        manifest = {"num_processes": accelerator.num_processes, "models": len(accelerator._models), "sharded": strategy.sharded,
-                    "optimizers": len(accelerator._optimizers), "schedulers": len(accelerator._schedulers)}
-        io.commit_atomic_dir(tmp, final, manifest)
+        manifest = {"num_processes": accelerator.num_processes, "world_size": accelerator.num_processes, "sharded": strategy.sharded,
+                    "models": len(accelerator._models), "optimizers": len(accelerator._optimizers),
+                    "schedulers": len(accelerator._schedulers), "created": time.time(), **(meta or {})}
+        writer.commit(manifest, entries)
         if config.automatic_checkpoint_naming and config.total_limit is not None:
             for old in numbered_checkpoints(final.parent)[: -config.total_limit]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -83,22 +101,22 @@ def save_state(accelerator: Any, output_dir: str | os.PathLike | None = None, *,
     return str(final)
 
 
-def _write_shared(accelerator: Any, tmp: Path, model_states: list[dict[str, Any]], extra_state: dict[str, Any] | None) -> None:
+def _write_shared(accelerator: Any, writer: io.CheckpointWriter, model_states: list[dict[str, Any]], extra_state: dict[str, Any] | None) -> None:
     for i, state in enumerate(model_states):
-        io.save_safetensors(state, tmp / _indexed("model", i, "safetensors"))
+        writer.save_safetensors(_indexed("model", i, "safetensors"), state)
     if not accelerator.strategy.sharded:
         for i, opt in enumerate(accelerator._optimizers):
-            io.torch_save(opt.state_dict(), tmp / _indexed("optimizer", i, "bin"))
+            writer.save_torch(_indexed("optimizer", i, "bin"), opt.state_dict())
     for i, sched in enumerate(accelerator._schedulers):
-        io.torch_save(sched.state_dict(), tmp / _indexed("scheduler", i, "bin"))
+        writer.save_torch(_indexed("scheduler", i, "bin"), sched.state_dict())
     scaler = accelerator.strategy.precision.state_dict()
     if scaler:
-        io.torch_save(scaler, tmp / "scaler.bin")
+        writer.save_torch("scaler.bin", scaler)
     for i, obj in enumerate(accelerator._custom_objects):
-        io.torch_save(obj.state_dict(), tmp / f"custom_checkpoint_{i}.bin")
+        writer.save_torch(f"custom_checkpoint_{i}.bin", obj.state_dict())
     loaders = [loader.state_dict() for loader in accelerator._dataloaders if hasattr(loader, "state_dict")]
-    io.write_json(tmp / "dataloaders.json", {"dataloaders": loaders, "data_seed": accelerator._data_seed, "step": accelerator.step})
-    io.write_json(tmp / "extra_state.json", extra_state or {})
+    writer.save_json("dataloaders.json", {"dataloaders": loaders, "data_seed": accelerator._data_seed, "step": accelerator.step})
+    writer.save_json("extra_state.json", extra_state or {})
 
 
 def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Path:
@@ -132,14 +150,16 @@ def _load_models_and_optimizers(accelerator: Any, path: Path, strict: bool) -> N
         opt.load_state_dict(io.torch_load(path / _indexed("optimizer", i, "bin"), map_location=accelerator.device))
 
 
-def load_state(accelerator: Any, input_dir: str | os.PathLike | None = None, *, strict: bool = True, **_: Any) -> dict[str, Any]:
+def load_state(
+    accelerator: Any, input_dir: str | os.PathLike | None = None, *, strict: bool = True, manifest: dict[str, Any] | None = None, **_: Any
+) -> dict[str, Any]:
     """Restore a directory written by `save_state`; returns its ``extra_state``.
 
     Loads only safetensors, JSON and ``torch.load(weights_only=True)`` data, so a tampered checkpoint is
     refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed.
     """
     path = resolve_load_dir(accelerator, input_dir)
-    manifest = io.check_complete(path)
+    manifest = io.verify_checkpoint(path) if manifest is None else manifest  # the Trainer passes the one it verified
     for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
         if manifest.get(kind, len(have)) != len(have):
             raise ValueError(

@@ -4,8 +4,9 @@ A checkpoint is a directory. The `Accelerator` writes the training state into it
 safetensors with the unwrapped model's keys, optimizers, schedulers, scaler, dataloader positions, the RNG
 states of every rank, and ``extra_state.json``); this module adds the Trainer's part to ``extra_state`` (loop
 position, callback states, hyperparameters, additions from ``on_save_checkpoint`` hooks), an ``hparams.json``
-for `TrainModule.load_from_checkpoint`, and ``manifest.json``: the manifest (size and SHA-256 of every file)
-written last. A directory is *complete* when its manifest exists and matches its files.
+for `TrainModule.load_from_checkpoint`, and its step and epoch to ``manifest.json`` (size and SHA-256 of
+every file, written last). A directory is *complete* when its manifest exists and matches its files. Writing
+and reading the directory are `strategies.checkpoint_io`'s, the same for both faces.
 
 Crash safety: everything is written under a hidden ``.<name>.partial`` directory next to the target, flushed,
 then renamed into place, so a crash mid-save leaves earlier checkpoints untouched and never a half-written
@@ -16,31 +17,28 @@ of it is read.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from strategies.checkpoint_io import is_sharded, move_into_place
+from strategies.checkpoint_io import FORMAT_NAME, FORMAT_VERSION, is_sharded, read_manifest, sha256_of, verify_checkpoint, write_json_durably
+from strategies.checkpoint_io import is_complete as is_complete_checkpoint
 
-FORMAT_NAME = "trainwright-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 HPARAMS_NAME = "hparams.json"
 LAST_POINTER_NAME = "last.json"
-_HASH_CHUNK = 1 << 22
+__all__ = ["is_complete_checkpoint", "read_manifest", "restore_checkpoint", "save_checkpoint", "verify_checkpoint"]
 
 
 # --------------------------------------------------------------------------------------------- saving
 def save_checkpoint(trainer: Any, dirpath: str | os.PathLike[str]) -> Path:
     """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically.
 
-    Every rank must call this (it is collective). An existing directory at `dirpath` is replaced only once
-    the new checkpoint is complete.
+    Every rank must call this (it is collective). It is the `Accelerator`'s checkpoint (one staging
+    directory, one manifest) with the Trainer's state in ``extra_state.json``, its ``hparams.json``, and the
+    step and epoch in the manifest. An existing directory at `dirpath` is replaced only once the new
+    checkpoint is complete.
 
     Args:
         trainer: the `Trainer` (see the attributes contract in ``docs/checkpoints.md``).
@@ -49,31 +47,13 @@ def save_checkpoint(trainer: Any, dirpath: str | os.PathLike[str]) -> Path:
     Returns:
         The checkpoint directory.
     """
+    from trainer.accelerator.state import save_state
+
     target = Path(dirpath).absolute()
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"cannot save a checkpoint to {str(target)!r}: it is a file; pass a directory path")
-    accelerator = trainer.accelerator
     extra_state = build_checkpoint_state(trainer)
     hparams = extra_state.get("hyper_parameters") or {}
-    partial = target.parent / f".{target.name}.partial"
-    if accelerator.is_main_process:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if partial.exists():
-            shutil.rmtree(partial)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial), extra_state=extra_state)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        _write_json_durably(partial / HPARAMS_NAME, hparams)
-        meta = {
-            "global_step": int(trainer.global_step),
-            "epoch": int(trainer.current_epoch),
-            "world_size": int(trainer.world_size),
-            "created": time.time(),
-        }
-        write_manifest(partial, meta)
-        move_into_place(partial, target)
-    accelerator.wait_for_everyone()
+    meta = {"global_step": int(trainer.global_step), "epoch": int(trainer.current_epoch)}
+    save_state(trainer.accelerator, target, extra_state=extra_state, extra_json={HPARAMS_NAME: hparams}, meta=meta)
     return target
 
 
@@ -161,100 +141,6 @@ def to_json_safe(value: Any, where: str) -> Any:
     )
 
 
-def write_manifest(directory: Path, meta: dict[str, Any]) -> None:
-    """Write ``manifest.json`` (the completion marker) listing the size and SHA-256 of every file."""
-    files = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        rel = path.relative_to(directory).as_posix()
-        if rel != MANIFEST_NAME:
-            files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "files": files}
-    _write_json_durably(directory / MANIFEST_NAME, manifest)
-
-
-def _write_json_durably(path: Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file, flushed and fsynced, then renamed over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------- checking
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate ``manifest.json`` of `directory` (no file contents are checked).
-
-    Raises:
-        FileNotFoundError: `directory` does not exist.
-        ValueError: it is not a complete checkpoint directory.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint {str(directory)!r} does not exist; pass a checkpoint directory or 'last'/'best'")
-    path = directory / MANIFEST_NAME
-    if not path.is_file():
-        raise ValueError(
-            f"{str(directory)!r} is not a complete checkpoint: it has no {MANIFEST_NAME} (the file written last, so the "
-            "save was interrupted or this is not a checkpoint directory); pass a directory written by "
-            "Trainer.save_checkpoint or ModelCheckpoint, or ckpt_path='last'"
-        )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"checkpoint {str(directory)!r} has an unreadable {MANIFEST_NAME}: {err}") from err
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME or not isinstance(manifest.get("files"), dict):
-        raise ValueError(f"{str(path)!r} is not a {FORMAT_NAME} manifest; the checkpoint is damaged or was not written by Trainwright")
-    if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(
-            f"checkpoint {str(directory)!r} has format version {manifest.get('format_version')}, newer than this "
-            f"Trainwright reads ({FORMAT_VERSION}); upgrade Trainwright to load it"
-        )
-    return manifest
-
-
-def verify_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check that every file of the checkpoint matches its manifest; return the manifest.
-
-    Raises:
-        ValueError: a file was changed, added or removed since the checkpoint was written.
-    """
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    expected: dict[str, Any] = manifest["files"]
-    present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {MANIFEST_NAME}
-    problems = [f"{name} is missing" for name in sorted(set(expected) - present)]
-    problems += [f"{name} was added" for name in sorted(present - set(expected))]
-    for name in sorted(present & set(expected)):
-        entry, path = expected[name], directory / name
-        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or _sha256(path) != entry.get("sha256"):
-            problems.append(f"{name} was modified")
-    if problems:
-        raise ValueError(
-            f"refusing to load checkpoint {str(directory)!r}: its files do not match its manifest ({'; '.join(problems)}). "
-            "It was damaged or tampered with after saving; load an intact checkpoint"
-        )
-    return manifest
-
-
-def is_complete_checkpoint(directory: str | os.PathLike[str]) -> bool:
-    """True when `directory` holds a finished checkpoint (its manifest exists and lists files that exist)."""
-    try:
-        manifest = read_manifest(directory)
-    except (OSError, ValueError):
-        return False
-    return all((Path(directory) / name).is_file() for name in manifest["files"])
-
-
 # --------------------------------------------------------------------------------------------- restoring
 def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     """Restore the full training state of `trainer` from the checkpoint directory `path`.
@@ -285,7 +171,7 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
             "resuming needs the same number of processes (per-rank RNG and data positions). To start a new run from "
             "its weights use TrainModule.load_from_checkpoint(...) or load model.safetensors with safetensors"
         )
-    checkpoint = trainer.accelerator.load_state(str(directory))
+    checkpoint = trainer.accelerator.load_state(str(directory), manifest=manifest)
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
         raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
     loop_state = checkpoint["loops"].get("fit_loop", {})
@@ -328,7 +214,7 @@ def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
     manifest = read_manifest(directory)
     entry = manifest["files"].get(HPARAMS_NAME)
     path = directory / HPARAMS_NAME
-    if entry is None or not path.is_file() or _sha256(path) != entry.get("sha256"):
+    if entry is None or not path.is_file() or sha256_of(path) != entry.get("sha256"):
         raise ValueError(f"checkpoint {str(directory)!r} has a missing or modified {HPARAMS_NAME}; load an intact checkpoint")
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
@@ -344,7 +230,7 @@ def default_checkpoint_dir(trainer: Any) -> Path:
 
 def write_last_pointer(dirpath: Path, checkpoint: Path) -> None:
     """Make ``<dirpath>/last.json`` name `checkpoint` (a directory inside `dirpath`), atomically."""
-    _write_json_durably(dirpath / LAST_POINTER_NAME, {"format": FORMAT_NAME, "last": checkpoint.name})
+    write_json_durably(dirpath / LAST_POINTER_NAME, {"format": FORMAT_NAME, "last": checkpoint.name})
 
 
 def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
