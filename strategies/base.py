@@ -13,7 +13,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from strategies import collectives
+from strategies import checkpoint_io, collectives
 from strategies.environment import ClusterEnvironment
 from strategies.precision import Precision
 
@@ -24,7 +24,8 @@ class Strategy:
     """Base class. Subclasses set ``name`` and implement `setup_environment`, `setup_module`.
 
     ``precision_class`` is the `Precision` a strategy composes (FSDP's casts differ from autocast), and
-    ``sharded`` says whether its checkpoints hold one shard per process (`strategies.checkpoint_io`).
+    ``sharded`` says whether it shards parameters (forward is then a collective, and its checkpoints hold
+    one shard per process).
     """
 
     name: str = "base"
@@ -169,6 +170,35 @@ class Strategy:
 
     def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         self.unwrap_module(module).load_state_dict(state, strict=strict)
+
+    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        """Write the models' and optimizers' states into a checkpoint being staged by `writer` (every rank calls it).
+
+        Here: rank 0 writes full state dicts (``model.safetensors``, ``optimizer.bin``, ...); a sharded
+        strategy writes each rank's shards instead.
+        """
+        states = [self.module_state_dict(m) for m in models]  # may be a collective: all ranks
+        if self.rank != 0:
+            return
+        for i, state in enumerate(states):
+            writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
+        for i, opt in enumerate(optimizers):
+            writer.save_torch(checkpoint_io.indexed("optimizer", i, "bin"), opt.state_dict())
+
+    def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+        """Restore what `save_checkpoint` wrote, by this or another strategy, in any process count.
+
+        Sharded states (an FSDP checkpoint) are resharded by `torch.distributed.checkpoint` into whatever
+        these models are; full ones load on every rank.
+        """
+        if checkpoint_io.is_sharded(path):
+            checkpoint_io.load_sharded(path / checkpoint_io.SHARDED_DIR, models, optimizers, strict=strict)
+            return
+        for i, model in enumerate(models):
+            state = checkpoint_io.load_safetensors(path / checkpoint_io.indexed("model", i, "safetensors"))
+            self.load_module_state_dict(model, state, strict=strict)
+        for i, opt in enumerate(optimizers):
+            opt.load_state_dict(checkpoint_io.torch_load(path / checkpoint_io.indexed("optimizer", i, "bin"), map_location=self.device))
 
     def teardown(self) -> None:
         """Release process groups and other resources."""

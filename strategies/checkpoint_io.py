@@ -71,6 +71,11 @@ def torch_load(path: Path, map_location: Any = "cpu") -> Any:
         ) from err
 
 
+def indexed(name: str, i: int, ext: str) -> str:
+    """``model.safetensors``, ``model_1.safetensors``, ...: the file of the `i`-th object of a kind."""
+    return f"{name}.{ext}" if i == 0 else f"{name}_{i}.{ext}"
+
+
 def dedupe_shared_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Clone tensors that share storage (tied weights) so safetensors can store every key."""
     seen: set[tuple[int, int, int]] = set()

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies import checkpoint_io
 from strategies.base import Strategy, best_device
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import FSDPPrecision
@@ -213,6 +214,22 @@ class FSDPStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        """Every rank writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`); nothing is gathered."""
+        directory = writer.staging / checkpoint_io.SHARDED_DIR
+        checkpoint_io.save_sharded(directory, models, optimizers)
+        written = [f"{checkpoint_io.SHARDED_DIR}/{p.name}" for p in directory.glob(f"__{self.rank}_*.distcp")]
+        writer.hash_written(written + ([f"{checkpoint_io.SHARDED_DIR}/.metadata"] if self.rank == 0 else []))
+
+    def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+        if not checkpoint_io.is_sharded(path) and optimizers:
+            raise ValueError(
+                f"checkpoint {str(path)!r} holds full (unsharded) optimizer states, written by a non-sharded strategy; "
+                "strategy='fsdp' loads only sharded ones. Resume it with the strategy that wrote it, or load its "
+                "weights alone (TrainModule.load_from_checkpoint, or Accelerator.load_state with only the model prepared)"
+            )
+        super().load_checkpoint(path, models, optimizers, strict=strict)
 
     def teardown(self) -> None:
         leave_process_group(self._owns_group)

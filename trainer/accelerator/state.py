@@ -23,10 +23,6 @@ from strategies import checkpoint_io as io
 _NUMBERED = re.compile(r"^checkpoint_(\d+)$")
 
 
-def _indexed(name: str, i: int, ext: str) -> str:
-    return f"{name}.{ext}" if i == 0 else f"{name}_{i}.{ext}"
-
-
 def _automatic_dir(accelerator: Any) -> Path:
     config = accelerator.project_configuration
     return Path(config.project_dir) / "checkpoints"
@@ -71,19 +67,14 @@ def save_state(
     strategy, rank = accelerator.strategy, accelerator.process_index
     main = accelerator.is_main_process
     writer = io.CheckpointWriter(final)
-    # Everything that needs a collective (gathering full state dicts) runs on all ranks first.
-    model_states = [] if strategy.sharded else [strategy.module_state_dict(m) for m in accelerator._models]
     if main:
         writer.clear_staging()
     accelerator.wait_for_everyone()
     writer.staging.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
-    if strategy.sharded:  # every rank writes its own shards of the models and optimizers
-        io.save_sharded(writer.staging / io.SHARDED_DIR, accelerator._models, [opt.optimizer for opt in accelerator._optimizers])
-        shards = [f"{io.SHARDED_DIR}/{p.name}" for p in (writer.staging / io.SHARDED_DIR).glob(f"__{rank}_*.distcp")]
-        writer.hash_written(shards + ([f"{io.SHARDED_DIR}/.metadata"] if main else []))
+    strategy.save_checkpoint(writer, accelerator._models, [opt.optimizer for opt in accelerator._optimizers])
     writer.save_rng_state(f"random_states_{rank}.safetensors")
     if main:
-        _write_shared(accelerator, writer, model_states, extra_state)
+        _write_shared(accelerator, writer, extra_state)
         for name, data in (extra_json or {}).items():
             writer.save_json(name, data)
     entries = strategy.all_gather_object(writer.files) if accelerator.num_processes > 1 else [writer.files]
@@ -101,14 +92,9 @@ def save_state(
     return str(final)
 
 
-def _write_shared(accelerator: Any, writer: io.CheckpointWriter, model_states: list[dict[str, Any]], extra_state: dict[str, Any] | None) -> None:
-    for i, state in enumerate(model_states):
-        writer.save_safetensors(_indexed("model", i, "safetensors"), state)
-    if not accelerator.strategy.sharded:
-        for i, opt in enumerate(accelerator._optimizers):
-            writer.save_torch(_indexed("optimizer", i, "bin"), opt.state_dict())
+def _write_shared(accelerator: Any, writer: io.CheckpointWriter, extra_state: dict[str, Any] | None) -> None:
     for i, sched in enumerate(accelerator._schedulers):
-        writer.save_torch(_indexed("scheduler", i, "bin"), sched.state_dict())
+        writer.save_torch(io.indexed("scheduler", i, "bin"), sched.state_dict())
     scaler = accelerator.strategy.precision.state_dict()
     if scaler:
         writer.save_torch("scaler.bin", scaler)
@@ -131,25 +117,6 @@ def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> P
     return found[-1]
 
 
-def _load_models_and_optimizers(accelerator: Any, path: Path, strict: bool) -> None:
-    """Sharded states load into any strategy and process count (DCP reshards); full ones into any strategy."""
-    strategy, models = accelerator.strategy, accelerator._models
-    optimizers = [opt.optimizer for opt in accelerator._optimizers]
-    if io.is_sharded(path):
-        io.load_sharded(path / io.SHARDED_DIR, models, optimizers, strict=strict)
-        return
-    for i, model in enumerate(models):
-        strategy.load_module_state_dict(model, io.load_safetensors(path / _indexed("model", i, "safetensors")), strict=strict)
-    if strategy.sharded and optimizers:
-        raise ValueError(
-            f"checkpoint {str(path)!r} holds full (unsharded) optimizer states, written by a non-sharded strategy; "
-            f"strategy={strategy.name!r} loads only sharded ones. Resume it with the strategy that wrote it, or load "
-            "its weights alone (Accelerator.load_state with only the model prepared)"
-        )
-    for i, opt in enumerate(optimizers):
-        opt.load_state_dict(io.torch_load(path / _indexed("optimizer", i, "bin"), map_location=accelerator.device))
-
-
 def load_state(
     accelerator: Any, input_dir: str | os.PathLike | None = None, *, strict: bool = True, manifest: dict[str, Any] | None = None, **_: Any
 ) -> dict[str, Any]:
@@ -166,9 +133,9 @@ def load_state(
                 f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
                 "prepare the same objects as when it was saved"
             )
-    _load_models_and_optimizers(accelerator, path, strict)
+    accelerator.strategy.load_checkpoint(path, accelerator._models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
     for i, sched in enumerate(accelerator._schedulers):
-        sched.load_state_dict(io.torch_load(path / _indexed("scheduler", i, "bin")))
+        sched.load_state_dict(io.torch_load(path / io.indexed("scheduler", i, "bin")))
     if (path / "scaler.bin").exists():
         accelerator.strategy.precision.load_state_dict(io.torch_load(path / "scaler.bin"))
     for i, obj in enumerate(accelerator._custom_objects):

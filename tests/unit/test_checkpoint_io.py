@@ -1,0 +1,75 @@
+"""The streamed safetensors writer and the staged, hashed checkpoint writer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from strategies.checkpoint_io import CheckpointWriter, verify_checkpoint
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    return {
+        "f32": base,
+        "bf16": base.to(torch.bfloat16),
+        "f16": base.to(torch.float16),
+        "i64": torch.arange(5),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "transposed": base.t(),  # not contiguous
+        "tied": base,  # shares storage with f32
+        "u8": torch.arange(7, dtype=torch.uint8),
+    }
+
+
+def test_streamed_safetensors_loads_with_the_safetensors_library(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path / "ckpt")
+    writer.clear_staging()
+    writer.save_safetensors("weights.safetensors", _tensors(), metadata={"note": "x"})
+    writer.commit({})
+    loaded = load_file(str(tmp_path / "ckpt" / "weights.safetensors"))
+    for key, want in _tensors().items():
+        assert loaded[key].dtype == want.dtype and torch.equal(loaded[key], want), key
+
+
+def test_reads_back_like_a_file_the_library_wrote(tmp_path: Path) -> None:
+    state = {"a": torch.randn(4, 3), "b": torch.arange(6)}
+    save_file(state, str(tmp_path / "lib.safetensors"))
+    writer = CheckpointWriter(tmp_path / "ckpt")
+    writer.clear_staging()
+    writer.save_safetensors("ours.safetensors", state)
+    writer.commit({})
+    ours, theirs = load_file(str(tmp_path / "ckpt" / "ours.safetensors")), load_file(str(tmp_path / "lib.safetensors"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_manifest_hashes_are_those_of_the_bytes_on_disk(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path / "ckpt")
+    writer.clear_staging()
+    writer.save_torch("obj.bin", {"step": torch.tensor(3), "lr": 0.1})
+    writer.save_json("data.json", {"k": [1, 2]})
+    writer.save_rng_state("rng.safetensors")
+    final = writer.commit({"global_step": 3})
+    manifest = json.loads((final / "manifest.json").read_text())
+    assert manifest["global_step"] == 3 and set(manifest["files"]) == {"obj.bin", "data.json", "rng.safetensors"}
+    for name, entry in manifest["files"].items():
+        data = (final / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    verify_checkpoint(final)
+    (final / "data.json").write_text('{"k": [1, 3]}')
+    with pytest.raises(ValueError, match="data.json was modified"):
+        verify_checkpoint(final)
+
+
+def test_unsupported_dtype_is_a_clear_error(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path / "ckpt")
+    writer.clear_staging()
+    with pytest.raises(TypeError, match="cannot store 'c' of dtype torch.complex64 in safetensors"):
+        writer.save_safetensors("w.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)})
