@@ -94,9 +94,9 @@ def run(*, quick: bool) -> list[Section]:
             "raw safetensors + torch.save, fsynced": lambda: raw_save(model, optimizer, fresh(), fsync=True),
             "raw safetensors + torch.save, no fsync": lambda: raw_save(model, optimizer, fresh(), fsync=False),
             "torch.save of one dict, no fsync": lambda: torch_save_all(model, optimizer, fresh()),
-            "Accelerator.save_state (atomic, fsynced)": save_state,
+            "Accelerator.save_state (atomic, fsynced, hashed)": save_state,
         }, "raw safetensors + torch.save, fsynced", rounds, unit="s")
-        saves["Accelerator.save_state (atomic, fsynced)"].target = "≤ 1.30"
+        saves["Accelerator.save_state (atomic, fsynced, hashed)"].target = "≤ 1.30"
         saved_raw = fresh()
         raw_save(model, optimizer, saved_raw, fsync=True)
         saved_state = Path(accelerator.save_state(fresh()))
@@ -109,8 +109,10 @@ def run(*, quick: bool) -> list[Section]:
         shutil.rmtree(root, ignore_errors=True)
     what = f"{megabytes:.0f} MB of fp32 weights + {megabytes:.0f} MB of SGD momentum; {rounds} interleaved rounds"
     notes_save = [what + "; every save goes to a new directory.",
-                  "save_state also writes RNG states, data positions and a completion marker, then renames the directory into place."]
-    notes_load = [what + "; files are in the page cache (as right after a save)."]
+                  "save_state also writes RNG states and data positions, hashes every file as it writes it (SHA-256, into "
+                  "manifest.json), fsyncs, then renames the directory into place; Trainer.save_checkpoint is the same path."]
+    notes_load = [what + "; files are in the page cache (as right after a save). load_state first checks every file "
+                  "against its SHA-256 in the manifest (raw loading checks nothing)."]
     return [
         Section("Checkpoint save", "raw, fsynced", list(saves.values()), notes_save),
         Section("Checkpoint load", "raw", list(loads.values()), notes_load),

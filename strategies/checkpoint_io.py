@@ -344,24 +344,36 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def verify_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def verify_checkpoint(
+    directory: str | os.PathLike[str], *, share: tuple[int, int, Any] | None = None, hashes: bool = True
+) -> dict[str, Any]:
     """Check that every file of the checkpoint matches its manifest; return the manifest.
 
+    Args:
+        directory: the checkpoint directory.
+        hashes: compare SHA-256s (reads every file once); False compares only names and sizes.
+        share: ``(rank, world_size, all_gather_object)`` to split the hashing across the processes (each
+            hashes every ``world_size``-th file) and agree on the result; every process must then call it.
+
     Raises:
-        CheckpointError (a ValueError): a file was changed, added or removed since the checkpoint was written.
+        CheckpointError (a ValueError): a file was changed, added or removed since the checkpoint was written
+            (on every process, when shared).
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
     expected = manifest.get("files")
     if expected is None:  # format 1 Accelerator directory: complete, but without hashes to check
         return manifest
+    rank, world, gather = share if share is not None and share[1] > 1 else (0, 1, None)
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {MANIFEST_NAME}
     problems = [f"{name} is missing" for name in sorted(set(expected) - present)]
     problems += [f"{name} was added" for name in sorted(present - set(expected))]
-    for name in sorted(present & set(expected)):
+    for name in sorted(present & set(expected))[rank::world]:
         entry, path = expected[name], directory / name
-        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or sha256_of(path) != entry.get("sha256"):
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or (hashes and sha256_of(path) != entry.get("sha256")):
             problems.append(f"{name} was modified")
+    if gather is not None:
+        problems = sorted({problem for found in gather(problems) for problem in found})
     if problems:
         raise CheckpointError(
             f"refusing to load checkpoint {str(directory)!r}: its files do not match its manifest ({'; '.join(problems)}). "

@@ -448,9 +448,12 @@ class Accelerator:
         """Save everything needed to resume exactly; see `trainer.accelerator.state.save_state`."""
         return accelerator_state.save_state(self, output_dir, extra_state=extra_state)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> dict[str, Any]:
-        """Restore what `save_state` wrote; returns its ``extra_state``. No path: the newest automatic checkpoint."""
-        return accelerator_state.load_state(self, input_dir, **kwargs)
+    def load_state(self, input_dir: str | os.PathLike | None = None, *, strict: bool = True, verify: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """Restore what `save_state` wrote; returns its ``extra_state``. No path: the newest automatic checkpoint.
+
+        ``verify=True`` also checks every file's SHA-256 against the manifest before loading (names and sizes always are).
+        """
+        return accelerator_state.load_state(self, input_dir, strict=strict, verify=verify, **kwargs)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts `num_batches` into `dataloader`, skipping at the batch-sampler level."""

@@ -118,15 +118,25 @@ def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> P
 
 
 def load_state(
-    accelerator: Any, input_dir: str | os.PathLike | None = None, *, strict: bool = True, manifest: dict[str, Any] | None = None, **_: Any
+    accelerator: Any,
+    input_dir: str | os.PathLike | None = None,
+    *,
+    strict: bool = True,
+    verify: bool = False,
+    manifest: dict[str, Any] | None = None,
+    **_: Any,
 ) -> dict[str, Any]:
     """Restore a directory written by `save_state`; returns its ``extra_state``.
 
     Loads only safetensors, JSON and ``torch.load(weights_only=True)`` data, so a tampered checkpoint is
-    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed.
+    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed. Every file's name and
+    size are checked against the manifest first; ``verify=True`` also checks their SHA-256s (one more read
+    of the checkpoint, split across the processes; the Trainer always does this).
     """
     path = resolve_load_dir(accelerator, input_dir)
-    manifest = io.verify_checkpoint(path) if manifest is None else manifest  # the Trainer passes the one it verified
+    if manifest is None:  # the Trainer passes the one it verified (hashes included)
+        share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
+        manifest = io.verify_checkpoint(path, share=share, hashes=verify)
     for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
         if manifest.get(kind, len(have)) != len(have):
             raise ValueError(

@@ -154,7 +154,8 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
         ValueError: the checkpoint is incomplete, tampered with, or was written by a run with another world size.
     """
     directory = Path(path)
-    manifest = verify_checkpoint(directory)
+    accelerator = trainer.accelerator
+    manifest = verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
     if getattr(trainer, "stage", "fit") not in (None, "fit"):
         return _restore_weights(trainer, directory)
     saved_world = manifest.get("world_size")
@@ -171,7 +172,7 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
             "resuming needs the same number of processes (per-rank RNG and data positions). To start a new run from "
             "its weights use TrainModule.load_from_checkpoint(...) or load model.safetensors with safetensors"
         )
-    checkpoint = trainer.accelerator.load_state(str(directory), manifest=manifest)
+    checkpoint = accelerator.load_state(str(directory), manifest=manifest)
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
         raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
     loop_state = checkpoint["loops"].get("fit_loop", {})
