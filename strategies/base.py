@@ -126,6 +126,13 @@ class Strategy:
         """Skip gradient synchronization inside the block (gradient accumulation)."""
         return contextlib.nullcontext()
 
+    def gathered_parameters(self, module: nn.Module) -> ContextManager[Any]:
+        """Keep `module`'s full parameters on every process inside the block, so its forward needs no collective.
+
+        For evaluation where the processes run different numbers of batches. Nothing to do unless parameters are sharded.
+        """
+        return contextlib.nullcontext()
+
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients to a total norm of `max_norm`; returns the total norm before clipping, over all shards."""
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)

@@ -203,6 +203,9 @@ class FSDPStrategy(Strategy):
     def no_sync(self, module: nn.Module) -> ContextManager[Any]:
         return _without_gradient_sync(module)
 
+    def gathered_parameters(self, module: nn.Module) -> ContextManager[Any]:
+        return _unsharded(module, self.reshard_after_forward)
+
     def module_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict on CPU, on rank 0; other ranks get ``{}``. Every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -248,3 +251,23 @@ def _without_gradient_sync(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+@contextlib.contextmanager
+def _unsharded(module: nn.Module, reshard_after_forward: bool) -> Iterator[None]:
+    """All-gather every FSDP unit of `module` once (a collective), keep the full parameters through the block, reshard after.
+
+    Afterwards every unit reshards after forward as `reshard_after_forward` says (what `apply_fsdp` set).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)

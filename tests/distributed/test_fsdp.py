@@ -229,3 +229,39 @@ def test_fsdp_sharded_checkpoint_resumes_bitwise_and_loads_on_one_process(tmp_pa
     exp_avg = {names[i]: s["exp_avg"] for i, s in opt.state_dict()["state"].items()}
     assert exp_avg.keys() == first[0]["saved_exp_avg"].keys()
     assert all(torch.equal(exp_avg[k], first[0]["saved_exp_avg"][k]) for k in exp_avg)
+
+
+def _uneven_validation(tmp: str):
+    from trainer import Trainer, TrainModule
+
+    class Scored(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+
+        def validation_step(self, batch, batch_idx):
+            xb, yb = batch
+            self.log("val_sum", nn.functional.mse_loss(self(xb), yb, reduction="sum"), reduce_fx="sum", sync_dist=True)
+            self.log("val_count", float(len(xb)), reduce_fx="sum", sync_dist=True)
+
+        def forward(self, x):
+            return self.net(x)
+
+    x, y = _data()
+    trainer = Trainer(strategy="fsdp", project_dir=tmp, log_with=None, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False)
+    module = Scored()
+    metrics = trainer.validate(module, DataLoader(TensorDataset(x[:5], y[:5]), batch_size=2))  # 3 batches: 2 on rank 0, 1 on rank 1
+    full = trainer.strategy.module_state_dict(module)
+    return {"metrics": metrics[0], "sharded_after": type(next(module.parameters())).__name__, "full": full}
+
+
+def test_trainer_fsdp_validation_with_unequal_batches_counts_each_sample_once(tmp_path) -> None:
+    results = run_distributed(_uneven_validation, str(tmp_path), timeout=90)
+    x, y = _data()
+    model = _net()
+    want = nn.functional.mse_loss(model(x[:5]), y[:5], reduction="sum").item()
+    for r in results:
+        assert r["metrics"]["val_count"] == 5.0
+        assert abs(r["metrics"]["val_sum"] - want) <= 1e-4
+        assert r["sharded_after"] == "DTensor"

@@ -219,13 +219,20 @@ def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
     strategy, wrapped = trainer.accelerator.strategy, trainer._model
-    sharded = strategy.sharded
+    through = strategy.sharded
+    gathered: Any = contextlib.nullcontext()
+    if through and trainer.world_size > 1:
+        # Each sample is evaluated once, so processes may run different numbers of batches; a forward that
+        # all-gathers would then wait forever for the process that has finished. Gather the parameters once instead.
+        counts = strategy.all_gather_object(min(limit, len(loader)))
+        if len(set(counts)) > 1:
+            gathered, through = strategy.gathered_parameters(wrapped), False
     module.eval()
     was_training, trainer.training = trainer.training, False
     results.set_context(stage, False)
     results.enabled = stage != "predict"
     predictions: list[tuple[int, int, Any]] = []
-    with torch.no_grad():
+    with torch.no_grad(), gathered:
         call(f"on_{stage}_start")
         call(f"on_{stage}_epoch_start")
         batches = iter(loader)
@@ -236,7 +243,7 @@ def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
             results.set_batch(batch)
             call(f"on_{stage}_batch_start", batch, batch_idx)
             with strategy.precision.forward_context():
-                output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx) if sharded else step(batch, batch_idx)
+                output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx) if through else step(batch, batch_idx)
             if stage == "predict":
                 predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
             call(f"on_{stage}_batch_end", output, batch, batch_idx)
