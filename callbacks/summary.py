@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from callbacks.base import Callback
+from strategies.base import user_class
 
 
 @dataclass
@@ -76,7 +77,7 @@ def summarize(module: torch.nn.Module, max_depth: int = 1) -> Summary:
         if not name or (max_depth > 0 and depth > max_depth):
             continue
         params = sum(_numel(p) for p in submodule.parameters())
-        summary.layers.append(LayerRow(name=name, type=type(submodule).__name__, params=params))
+        summary.layers.append(LayerRow(name=name, type=user_class(submodule).__name__, params=params))
     return summary
 
 

@@ -214,6 +214,15 @@ class Strategy:
         return f"{type(self).__name__}(device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"
 
 
+def user_class(module: nn.Module) -> type:
+    """The class the user defined: `fully_shard` swaps in a subclass named ``FSDP<Name>`` in place."""
+    cls = type(module)
+    bases = cls.__bases__
+    if len(bases) == 2 and bases[0].__name__ == "FSDPModule" and cls.__name__ == f"FSDP{bases[1].__name__}":
+        return bases[1]
+    return cls
+
+
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
 
 

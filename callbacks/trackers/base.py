@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, ClassVar, TypeVar
 
 from callbacks.base import Callback
+from strategies.base import user_class
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -365,7 +366,7 @@ class GeneralTracker(Callback):
         if getattr(self, "logging_dir", None) is None:
             project_dir = getattr(trainer, "project_dir", None) or getattr(trainer, "default_root_dir", None)
             self.logging_dir = os.fspath(project_dir) if project_dir is not None else None
-        self.configure(run_name=type(module).__name__)
+        self.configure(run_name=user_class(module).__name__)
         self.begin(continue_run=True)
         hparams = getattr(module, "hparams", None)
         if hparams:

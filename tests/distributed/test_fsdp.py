@@ -138,7 +138,10 @@ def _trainer_run(strategy: str, tmp: str):
                       enable_model_summary=False, enable_checkpointing=False)
     module = Regressor()
     trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2))
+    from strategies.base import user_class
+
     state = trainer.strategy.module_state_dict(module)
+    assert type(module).__name__ == "FSDPRegressor" and user_class(module) is Regressor  # trackers and summaries name the user's class
     return {k.removeprefix("net."): v.clone() for k, v in state.items()}
 
 
