@@ -109,8 +109,8 @@ def run(*, quick: bool) -> list[Section]:
         shutil.rmtree(root, ignore_errors=True)
     what = f"{megabytes:.0f} MB of fp32 weights + {megabytes:.0f} MB of SGD momentum; {rounds} interleaved rounds"
     notes_save = [what + "; every save goes to a new directory.",
-                  "save_state also writes RNG states and data positions, hashes every file as it writes it (SHA-256, into "
-                  "manifest.json), fsyncs, then renames the directory into place; Trainer.save_checkpoint is the same path."]
+                  ("save_state also writes RNG states and data positions, hashes every file as it writes it (SHA-256, into "
+                  "manifest.json), fsyncs, then renames the directory into place; Trainer.save_checkpoint is the same path.")]
     notes_load = [what + "; files are in the page cache (as right after a save). load_state first checks every file "
                   "against its SHA-256 in the manifest (raw loading checks nothing)."]
     return [

@@ -53,8 +53,8 @@ def run(*, quick: bool) -> list[Section]:
             rows.extend(measured.values())
         rows[1].target = "≤ 1.00"
         notes = [
-            f"TensorDataset of {samples} samples × 32 features; {rounds} interleaved rounds of one epoch each; "
-            "each ratio is to the plain DataLoader with the same `shuffle`.",
+            (f"TensorDataset of {samples} samples × 32 features; {rounds} interleaved rounds of one epoch each; "
+            "each ratio is to the plain DataLoader with the same `shuffle`."),
             check,
         ]
         sections.append(Section(f"Data loading — batch {batch_size}", "plain DataLoader", rows, notes))

@@ -75,10 +75,10 @@ def run(*, quick: bool) -> list[Section]:
     launch[names[1]].target = "≤ raw + 0.5 s"
     extra = statistics.median(a - b for a, b in zip(launch[names[1]].times, launch[names[0]].times))
     launch[names[1]].met = extra <= 0.5
-    notes = ["Raw: `python -m torch.distributed.run --nproc_per_node 2 --master_port <free port> raw_ddp.py`; ours: "
-             "`trainer launch --num_processes 2 --cpu accelerator_ddp.py` (scripts in `benchmarks/ddp_scripts/`).",
-             f"2 processes (gloo, 1 thread each), tiny MLP 32-64-10, batch 32 per process; {rounds} interleaved rounds of "
-             f"{steps} timed steps after 10 warm-up steps."]
+    notes = [("Raw: `python -m torch.distributed.run --nproc_per_node 2 --master_port <free port> raw_ddp.py`; ours: "
+             "`trainer launch --num_processes 2 --cpu accelerator_ddp.py` (scripts in `benchmarks/ddp_scripts/`)."),
+             (f"2 processes (gloo, 1 thread each), tiny MLP 32-64-10, batch 32 per process; {rounds} interleaved rounds of "
+             f"{steps} timed steps after 10 warm-up steps.")]
     return [
         Section("DDP, 2 processes — time per step", "raw DDP", list(step.values()), notes),
         Section("DDP, 2 processes — launch to first step", "raw torchrun", list(launch.values()),

@@ -65,10 +65,10 @@ def run(*, quick: bool) -> list[Section]:
     after_torch = [import_cost_after_torch(env) for _ in range(3)]
     notes = [
         check_import_contents(),
-        f"With torch already imported, `from trainer import Trainer, Accelerator, TrainModule` takes "
+        (f"With torch already imported, `from trainer import Trainer, Accelerator, TrainModule` takes "
         f"{1e3 * statistics.median(after_torch):.0f} ms more (median of 3 `python -X importtime` runs; "
-        f"{statistics.median(after_torch) / rows['import torch'].median:.1%} of `import torch`).",
-        f"{rounds} interleaved rounds; each time is a whole `python -c ...` process (interpreter start included, bytecode "
-        "caches written beforehand), so `import torch` is the floor every framework built on torch pays.",
+        f"{statistics.median(after_torch) / rows['import torch'].median:.1%} of `import torch`)."),
+        (f"{rounds} interleaved rounds; each time is a whole `python -c ...` process (interpreter start included, bytecode "
+        "caches written beforehand), so `import torch` is the floor every framework built on torch pays."),
     ]
     return [Section("Import time (whole process)", "`import torch`", list(rows.values()), notes)]

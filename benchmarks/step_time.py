@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +77,7 @@ class Net(nn.Module):
     def __init__(self, sizes: tuple[int, ...], clock: StepClock) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
             layers.append(nn.Linear(a, b))
             if i < len(sizes) - 2:
                 layers.append(nn.ReLU())
@@ -306,7 +308,7 @@ def run(*, quick: bool) -> list[Section]:
         rounds = 3 if quick else len(runs) * (2 if key == "tiny" else 1)
         sessions: dict[str, list[Session]] = {name: [] for name in runs}
 
-        def timed(name: str) -> Callable[[], float]:
+        def timed(name: str, runs: dict[str, Any] = runs, sessions: dict[str, list[Session]] = sessions) -> Callable[[], float]:
             def call() -> float:
                 session = runs[name]()
                 sessions[name].append(session)

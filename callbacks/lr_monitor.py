@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 from callbacks.base import Callback
 
 _INTERVALS = (None, "step", "epoch")
 
 
-def _momentum(group: dict[str, Any]) -> Optional[float]:
+def _momentum(group: dict[str, Any]) -> float | None:
     """The momentum of a parameter group: ``momentum`` (SGD, RMSprop) or ``betas[0]`` (Adam family)."""
     if "betas" in group:
         return float(group["betas"][0])
@@ -43,7 +43,7 @@ class LearningRateMonitor(Callback):
         trainer = Trainer(max_epochs=5, callbacks=[LearningRateMonitor(logging_interval="step")])
     """
 
-    def __init__(self, logging_interval: Optional[str] = None, log_momentum: bool = False) -> None:
+    def __init__(self, logging_interval: str | None = None, log_momentum: bool = False) -> None:
         if logging_interval not in _INTERVALS:
             raise ValueError(
                 f"LearningRateMonitor(logging_interval={logging_interval!r}) is invalid; "
@@ -53,7 +53,7 @@ class LearningRateMonitor(Callback):
         self.log_momentum = bool(log_momentum)
         self.names: list[list[str]] = []
         self._intervals: list[str] = []
-        self._last_step_logged: Optional[int] = None
+        self._last_step_logged: int | None = None
 
     def on_train_start(self, trainer: Any, module: Any) -> None:
         optimizers = list(getattr(trainer, "optimizers", None) or [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Union
+from typing import Any
 
 from callbacks.base import Callback
 
@@ -38,7 +38,7 @@ class OnExceptionCheckpoint(Callback):
         # after Ctrl-C:  trainer.fit(module, ckpt_path="checkpoints/on_exception")
     """
 
-    def __init__(self, dirpath: Union[str, "os.PathLike[str]"], filename: str = "on_exception") -> None:
+    def __init__(self, dirpath: str | os.PathLike[str], filename: str = "on_exception") -> None:
         if not isinstance(dirpath, (str, os.PathLike)):
             raise TypeError(
                 f"OnExceptionCheckpoint(dirpath={dirpath!r}) has type {type(dirpath).__name__}; pass a directory path."

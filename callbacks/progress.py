@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 from callbacks.base import Callback
 
@@ -29,19 +29,19 @@ def _import_tqdm() -> Any:
     return tqdm
 
 
-def _total(value: Any) -> Optional[int]:
+def _total(value: Any) -> int | None:
     """Turn a batch count (int, float('inf'), None, or a list of counts per loader) into a tqdm total."""
     if value is None:
         return None
     if isinstance(value, (list, tuple)):
         counts = [_total(v) for v in value]
-        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return int(value)
 
 
-def _to_float(value: Any) -> Optional[float]:
+def _to_float(value: Any) -> float | None:
     """Convert a logged value (float, int, one-element tensor) to a float; None for anything else."""
     if isinstance(value, (int, float)):
         return float(value)
@@ -86,7 +86,7 @@ class ProgressBar(Callback):
         trainer = Trainer(max_epochs=3, callbacks=[ProgressBar(refresh_rate=10)])
     """
 
-    def __init__(self, refresh_rate: int = 1, leave: bool = False, file: Optional[TextIO] = None, min_interval: float = 0.1) -> None:
+    def __init__(self, refresh_rate: int = 1, leave: bool = False, file: TextIO | None = None, min_interval: float = 0.1) -> None:
         if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
             raise ValueError(
                 f"ProgressBar(refresh_rate={refresh_rate!r}) is invalid; pass a non-negative integer "
@@ -113,7 +113,7 @@ class ProgressBar(Callback):
     def _active(self, trainer: Any) -> bool:
         return self.refresh_rate > 0 and bool(getattr(trainer, "is_global_zero", True))
 
-    def _new_bar(self, desc: str, total: Optional[int], leave: bool) -> Any:
+    def _new_bar(self, desc: str, total: int | None, leave: bool) -> Any:
         tqdm = _import_tqdm()
         self._last_draw = time.monotonic()
         return tqdm(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from callbacks.base import Callback
 
@@ -47,9 +48,9 @@ class ThroughputMonitor(Callback):
 
     def __init__(
         self,
-        batch_size_fn: Optional[Callable[[Any], int]] = None,
+        batch_size_fn: Callable[[Any], int] | None = None,
         window_size: int = 100,
-        log_every_n_steps: Optional[int] = None,
+        log_every_n_steps: int | None = None,
     ) -> None:
         if batch_size_fn is not None and not callable(batch_size_fn):
             raise TypeError(
@@ -69,7 +70,7 @@ class ThroughputMonitor(Callback):
         self._samples = 0
         self._batches = 0
         self._paused = 0.0
-        self._pause_start: Optional[float] = None
+        self._pause_start: float | None = None
         self.last_metrics: dict[str, float] = {}
 
     def _now(self) -> float:

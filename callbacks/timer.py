@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import timedelta
-from typing import Any, Optional, Union
+from typing import Any
 
 from callbacks.base import Callback
 
@@ -14,7 +14,7 @@ _DURATION_FORMAT = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")
 _TIMEDELTA_KEYS = ("weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds")
 
 
-def parse_duration(duration: Union[str, timedelta, dict[str, float], None]) -> Optional[timedelta]:
+def parse_duration(duration: str | timedelta | dict[str, float] | None) -> timedelta | None:
     """Turn ``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of ``timedelta`` arguments into a ``timedelta``.
 
     Raises:
@@ -80,7 +80,7 @@ class Timer(Callback):
 
     def __init__(
         self,
-        duration: Union[str, timedelta, dict[str, float], None] = None,
+        duration: str | timedelta | dict[str, float] | None = None,
         interval: str = "step",
         verbose: bool = True,
     ) -> None:
@@ -89,20 +89,20 @@ class Timer(Callback):
         self.duration = parse_duration(duration)
         self.interval = interval
         self.verbose = bool(verbose)
-        self._start_time: dict[str, Optional[float]] = dict.fromkeys(STAGES)
-        self._end_time: dict[str, Optional[float]] = dict.fromkeys(STAGES)
+        self._start_time: dict[str, float | None] = dict.fromkeys(STAGES)
+        self._end_time: dict[str, float | None] = dict.fromkeys(STAGES)
         self._offset = 0.0
 
     def _check_stage(self, stage: str) -> None:
         if stage not in STAGES:
             raise ValueError(f"Unknown stage {stage!r}; choose one of {list(STAGES)}.")
 
-    def start_time(self, stage: str = "train") -> Optional[float]:
+    def start_time(self, stage: str = "train") -> float | None:
         """The ``time.monotonic()`` value at which ``stage`` last started, or None."""
         self._check_stage(stage)
         return self._start_time[stage]
 
-    def end_time(self, stage: str = "train") -> Optional[float]:
+    def end_time(self, stage: str = "train") -> float | None:
         """The ``time.monotonic()`` value at which ``stage`` last ended, or None while running."""
         self._check_stage(stage)
         return self._end_time[stage]
@@ -117,7 +117,7 @@ class Timer(Callback):
         end = self._end_time[stage]
         return offset + ((end if end is not None else time.monotonic()) - start)
 
-    def time_remaining(self, stage: str = "train") -> Optional[float]:
+    def time_remaining(self, stage: str = "train") -> float | None:
         """Seconds left of ``duration`` (may be negative once exceeded), or None without a duration."""
         if self.duration is None:
             return None

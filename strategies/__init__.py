@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
@@ -52,11 +53,11 @@ def resolve_strategy(strategy: str | Strategy | None = "auto", **kwargs: Any) ->
 
 
 __all__ = [
+    "PRECISION_NAMES",
     "STRATEGIES",
     "ClusterEnvironment",
     "DDPStrategy",
     "FSDPStrategy",
-    "PRECISION_NAMES",
     "SingleDeviceStrategy",
     "Strategy",
     "apply_fsdp",

@@ -8,7 +8,8 @@ plain functions (`strategies.collectives`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -122,11 +123,11 @@ class Strategy:
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         return self.precision.optimizer_step(optimizer, **kwargs)
 
-    def no_sync(self, module: nn.Module) -> ContextManager[Any]:
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         """Skip gradient synchronization inside the block (gradient accumulation)."""
         return contextlib.nullcontext()
 
-    def gathered_parameters(self, module: nn.Module) -> ContextManager[Any]:
+    def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
         """Keep `module`'s full parameters on every process inside the block, so its forward needs no collective.
 
         For evaluation where the processes run different numbers of batches. Nothing to do unless parameters are sharded.

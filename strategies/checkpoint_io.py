@@ -26,11 +26,13 @@ import pickle
 import random
 import shutil
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
 
 class CheckpointError(ValueError):
     """A checkpoint is incomplete, tampered with, or not a trainwright checkpoint."""
@@ -84,7 +86,7 @@ def dedupe_shared_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         tensor = tensor.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
-        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.nelement())
+        ident = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), int(tensor.nelement()))
         if ident in seen or not tensor.is_contiguous():
             tensor = tensor.contiguous().clone()
         seen.add(ident)
@@ -118,7 +120,7 @@ def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda_{i}"] = state
     py_version, py_state, py_gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     meta = {
         "python": json.dumps([py_version, list(py_state), py_gauss]),
         "numpy": json.dumps([np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]),
@@ -226,7 +228,7 @@ class CheckpointWriter:
             path = self.staging / name
             self.files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
 
-    def commit(self, meta: dict[str, Any], others: list[dict[str, dict[str, Any]]] = ()) -> Path:
+    def commit(self, meta: dict[str, Any], others: Sequence[dict[str, dict[str, Any]]] = ()) -> Path:
         """Write the manifest (this rank's files plus `others`), flush, and move the directory into place."""
         files = dict(self.files)
         for entries in others:
@@ -532,8 +534,8 @@ def load_weights(
             f"checkpoint {str(directory)!r} has no {name} and no sharded states; pass a directory written by "
             "Trainer.save_checkpoint or Accelerator.save_state"
         )
-    state = load_safetensors(weights, device=str(torch.device(device)))
+    full = load_safetensors(weights, device=str(torch.device(device)))
     if load_full is None:
-        module.load_state_dict(state, strict=strict)
+        module.load_state_dict(full, strict=strict)
     else:
-        load_full(module, state, strict=strict)
+        load_full(module, full, strict=strict)

@@ -9,7 +9,8 @@ trims; shapes that differ in any other dimension, or dtypes or device types that
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -251,7 +251,7 @@ class DataLoaderShard(DataLoader):
 
     # ``DataLoader.__init__`` assigns ``batch_size``; it reads back as the per-process batch size.
     @property
-    def batch_size(self) -> int | None:  # type: ignore[override]
+    def batch_size(self) -> int | None:
         """Samples per batch on this process."""
         return getattr(self._shard, "per_process_batch_size", None) or self._loader_batch_size
 

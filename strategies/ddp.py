@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,7 +69,7 @@ class DDPStrategy(Strategy):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
 
-    def no_sync(self, module: nn.Module) -> ContextManager[Any]:
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         if isinstance(module, nn.parallel.DistributedDataParallel):
             return module.no_sync()
         return contextlib.nullcontext()

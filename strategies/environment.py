@@ -8,8 +8,8 @@ processes: a strategy that cannot do that must raise, never fall back to one pro
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 DEFAULT_PG_TIMEOUT = 300.0
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, ContextManager, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -101,6 +103,7 @@ class FSDPStrategy(Strategy):
 
     name = "fsdp"
     precision_class = FSDPPrecision
+    precision: FSDPPrecision
     sharded = True
 
     def __init__(
@@ -200,23 +203,25 @@ class FSDPStrategy(Strategy):
     def redirects_forward(self, wrapped: nn.Module, module: nn.Module) -> bool:
         return True  # fully_shard works in place: the root's pre-forward unshard runs only through __call__
 
-    def no_sync(self, module: nn.Module) -> ContextManager[Any]:
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         return _without_gradient_sync(module)
 
-    def gathered_parameters(self, module: nn.Module) -> ContextManager[Any]:
+    def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
         return _unsharded(module, self.reshard_after_forward)
 
     def module_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict on CPU, on rank 0; other ranks get ``{}``. Every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state: Any = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state
 
     def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Load a full state dict (the same on every rank) into the shards. Every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+        values: Any = state
+        set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=True, strict=strict))
 
     def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         """Every rank writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`); nothing is gathered."""

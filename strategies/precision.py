@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -83,14 +84,14 @@ class Precision:
             return apply_to_tensors(_to_fp32, output)
 
         forward._trainwright_autocast = True  # type: ignore[attr-defined]
-        module.forward = forward  # type: ignore[method-assign]
+        module.forward = forward
         return module
 
-    def forward_context(self) -> ContextManager[Any]:
+    def forward_context(self) -> AbstractContextManager[Any]:
         """Context the faces enter around a step that runs outside the module's forward (``training_step``)."""
         return self.autocast()
 
-    def autocast(self, enabled: bool = True) -> ContextManager[Any]:
+    def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
         """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision)."""
         if self.dtype is None or not enabled:
             return contextlib.nullcontext()
@@ -154,10 +155,10 @@ class FSDPPrecision(Precision):
     def convert_module(self, module: nn.Module) -> nn.Module:
         return module
 
-    def forward_context(self) -> ContextManager[Any]:
+    def forward_context(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def autocast(self, enabled: bool = True) -> ContextManager[Any]:
+    def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
 

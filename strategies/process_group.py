@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -31,7 +31,7 @@ _EXPORTS = {
     "Callback": "callbacks.base",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [*sorted(_EXPORTS), "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,10 +15,11 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from trainer.cli.config import LaunchSettings
-from trainer.cli.launch import stopped_by_agent, describe_failure, launch_settings, patched_environ, worker_environment
+from trainer.cli.launch import describe_failure, launch_settings, patched_environ, stopped_by_agent, worker_environment
 
 
 def _refuse_inside_workers(caller: str) -> None:

@@ -17,8 +17,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             return
         if main_process_only and int(os.environ.get("RANK", "0")) != 0:
             return
-        msg, kwargs = self.process(msg, kwargs)
-        self.logger.log(level, msg, *args, **kwargs)
+        msg, processed = self.process(msg, kwargs)
+        self.logger.log(level, msg, *args, **processed)
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:

@@ -47,8 +47,8 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
 
 
 __all__ = [
-    "DataLoaderConfiguration",
     "DDPKwargs",
+    "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "GradientAccumulationPlugin",

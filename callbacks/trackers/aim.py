@@ -46,8 +46,8 @@ class AimTracker(GeneralTracker):
         if texts:
             from aim import Text
 
-            for key, value in texts.items():
-                self._run.track(Text(value), name=key, step=step, **kwargs)
+            for key, text in texts.items():
+                self._run.track(Text(text), name=key, step=step, **kwargs)
 
     @on_main_process
     def finish(self) -> None:

@@ -17,8 +17,8 @@ import numbers
 import os
 import sys
 import warnings
-from collections.abc import Mapping
-from typing import Any, Callable, ClassVar, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 from callbacks.base import Callback
 from strategies.base import user_class
@@ -158,7 +158,7 @@ def prepare_values(
     tensors: dict[str, Any] = {}
     result: dict[str, Any] = {}
     for key, value in flat.items():
-        if isinstance(value, (bool, str)) or isinstance(value, numbers.Real) and not hasattr(value, "shape"):
+        if isinstance(value, (bool, str)) or (isinstance(value, numbers.Real) and not hasattr(value, "shape")):
             result[key] = value
         elif _is_tensor(value) and value.numel() == 1 and not value.is_complex():
             tensors[key] = value

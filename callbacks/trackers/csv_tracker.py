@@ -99,7 +99,7 @@ class CSVTracker(GeneralTracker):
 
     def _open(self, *, append: bool) -> None:
         assert self.metrics_file is not None
-        self._file = open(self.metrics_file, "a" if append else "w", newline="")
+        self._file = open(self.metrics_file, "a" if append else "w", newline="")  # noqa: SIM115 - open across log() calls, closed in finish()
         self._writer = csv.DictWriter(self._file, fieldnames=self._fieldnames, restval="")
 
     def _widen_header(self, new: list[str]) -> None:

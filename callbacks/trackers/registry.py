@@ -8,7 +8,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from typing import Any
 
 from callbacks.trackers.base import GeneralTracker, NoOpTracker
 
@@ -32,7 +32,7 @@ class LoggerType(str, enum.Enum):
         return self.value
 
 
-LogWith = Union[str, LoggerType, GeneralTracker, Iterable[Union[str, LoggerType, GeneralTracker]], None]
+LogWith = str | LoggerType | GeneralTracker | Iterable[str | LoggerType | GeneralTracker] | None
 
 _TRACKERS: dict[str, type[GeneralTracker]] = {}
 _ALIASES = {"comet": "comet_ml", "comet-ml": "comet_ml", "tb": "tensorboard", "mlflow-skinny": "mlflow"}

@@ -45,8 +45,8 @@ class TensorBoardTracker(GeneralTracker):
         numbers, texts = split_text(self.prepare_values(values))
         for key, value in numbers.items():
             self._run.add_scalar(key, value, global_step=step, **kwargs)
-        for key, value in texts.items():
-            self._run.add_text(key, value, global_step=step, **kwargs)
+        for key, text in texts.items():
+            self._run.add_text(key, text, global_step=step, **kwargs)
         self._run.flush()
 
     @on_main_process

@@ -38,9 +38,7 @@ def _collectives(acc):
 
 def _gather_for_metrics(acc):
     loader = acc.prepare(DataLoader(list(range(7)), batch_size=2))
-    seen = []
-    for batch in loader:
-        seen.append(acc.gather_for_metrics(batch).tolist())
+    seen = [acc.gather_for_metrics(batch).tolist() for batch in loader]
     objects = []
     for batch in loader:
         objects.extend(acc.gather_for_metrics([f"s{int(i)}" for i in batch], use_gather_object=True))

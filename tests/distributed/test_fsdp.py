@@ -154,7 +154,7 @@ def test_trainer_fsdp_matches_single_process(tmp_path) -> None:
 def test_fsdp1_is_refused_naming_fsdp2() -> None:
     from strategies import resolve_strategy
 
-    with pytest.raises(NotImplementedError, match="FSDP1 .* is not supported; strategy='fsdp' shards with FSDP2"):
+    with pytest.raises(NotImplementedError, match=r"FSDP1 .* is not supported; strategy='fsdp' shards with FSDP2"):
         resolve_strategy("fsdp1")
 
 

@@ -15,11 +15,11 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch.multiprocessing as mp
-
 
 mp.set_forkserver_preload(["torch", "trainer", "strategies"])
 

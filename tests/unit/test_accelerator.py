@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer import Accelerator, ProjectConfiguration
 from strategies.checkpoint_io import CheckpointError
+from trainer import Accelerator, ProjectConfiguration
 from trainer.utils import set_seed
 
 
@@ -43,14 +43,14 @@ def train_steps(acc, model, opt, sched, it, n):
 
 
 def test_prepare_keeps_order_and_types():
-    acc, model, opt, sched, loader = make()
+    acc, model, opt, _sched, loader = make()
     assert isinstance(model, torch.nn.Module) and isinstance(opt, torch.optim.Optimizer)
     assert len(loader) == 8 and acc.num_processes == 1 and acc.is_main_process
     assert next(model.parameters()).device == acc.device
 
 
 def test_accumulation_matches_manual_loop():
-    acc, model, opt, sched, loader = make(shuffle=False, gradient_accumulation_steps=2)
+    acc, model, opt, _sched, loader = make(shuffle=False, gradient_accumulation_steps=2)
     model.eval()  # no dropout: compare to a hand-written loop
     set_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1)).eval()
@@ -72,9 +72,9 @@ def test_accumulation_matches_manual_loop():
 
 
 def test_sync_at_end_of_dataloader():
-    acc, model, opt, sched, loader = make(n=12, gradient_accumulation_steps=4)
+    acc, model, _opt, _sched, loader = make(n=12, gradient_accumulation_steps=4)
     flags = []
-    for x, y in loader:
+    for _x, _y in loader:
         with acc.accumulate(model):
             flags.append(acc.sync_gradients)
     assert flags == [False, False, True]  # 3 batches, 4 accumulation steps: the end of the loader is a boundary
@@ -99,13 +99,13 @@ def test_save_and_load_state_resume_exactly(tmp_path):
 
 def test_automatic_naming_total_limit_and_counter(tmp_path):
     config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
-    acc, model, opt, sched, loader = make(project_config=config)
+    acc, _model, _opt, _sched, _loader = make(project_config=config)
     for _ in range(3):
         acc.save_state()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["checkpoint_1", "checkpoint_2"]
     config2 = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
-    acc2, *objs = make(project_config=config2)
+    acc2, *_objs = make(project_config=config2)
     acc2.load_state()  # newest, and the counter continues after it
     assert acc2.save_state().endswith("checkpoint_3")
 
@@ -116,7 +116,7 @@ class Boom:
 
 
 def test_tampered_checkpoint_is_refused(tmp_path):
-    acc, model, opt, sched, loader = make()
+    acc, _model, _opt, _sched, _loader = make()
     path = Path(acc.save_state(tmp_path / "ckpt"))
     (path / "optimizer.bin").write_bytes(pickle.dumps({"state": Boom()}))
     with pytest.raises(CheckpointError, match="refusing to load"):
@@ -125,7 +125,7 @@ def test_tampered_checkpoint_is_refused(tmp_path):
 
 
 def test_incomplete_checkpoint_is_refused(tmp_path):
-    acc, model, opt, sched, loader = make()
+    acc, _model, _opt, _sched, _loader = make()
     path = Path(acc.save_state(tmp_path / "ckpt"))
     (path / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
@@ -136,7 +136,7 @@ def test_one_manifest_hashes_every_file_as_written(tmp_path):
     import hashlib
     import json
 
-    acc, model, opt, sched, loader = make()
+    acc, _model, _opt, _sched, _loader = make()
     path = Path(acc.save_state(tmp_path / "ckpt"))
     manifest = json.loads((path / "manifest.json").read_text())
     on_disk = {p.name for p in path.iterdir()} - {"manifest.json"}
@@ -149,7 +149,7 @@ def test_one_manifest_hashes_every_file_as_written(tmp_path):
 def test_format_1_directory_still_loads(tmp_path):
     import json
 
-    acc, model, opt, sched, loader = make()
+    acc, model, _opt, _sched, _loader = make()
     path = Path(acc.save_state(tmp_path / "ckpt"))
     want = {k: v.clone() for k, v in model.state_dict().items()}
     (path / "manifest.json").unlink()  # the previous release marked a directory complete with checkpoint.json
@@ -260,15 +260,15 @@ def test_single_process_helpers():
 
 
 def test_load_state_verify_refuses_a_flipped_byte_before_loading(tmp_path):
-    acc, model, opt, sched, loader = make()
+    acc, model, _opt, _sched, _loader = make()
     path = Path(acc.save_state(tmp_path / "ckpt"))
     data = bytearray((path / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF  # same size, different weights
     (path / "model.safetensors").write_bytes(bytes(data))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(CheckpointError, match="model.safetensors was modified"):
+    with pytest.raises(CheckpointError, match=r"model.safetensors was modified"):
         acc.load_state(path, verify=True)
     assert all(torch.equal(model.state_dict()[k], before[k]) for k in before)  # nothing was loaded
     (path / "model.safetensors").write_bytes(bytes(data[:-4]))  # truncated: caught without verify
-    with pytest.raises(CheckpointError, match="model.safetensors was modified"):
+    with pytest.raises(CheckpointError, match=r"model.safetensors was modified"):
         acc.load_state(path)

@@ -136,14 +136,13 @@ def test_timer_state_round_trip_restores_train_time():
 
 
 # ------------------------------------------------------------------------------------ with the real Trainer
-from pathlib import Path  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from torch.nn import functional as F  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from callbacks.base import Callback  # noqa: E402
-
 from trainer import Trainer, TrainModule  # noqa: E402
 
 

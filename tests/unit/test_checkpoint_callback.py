@@ -57,8 +57,9 @@ def test_default_schedule() -> None:
 
 # ------------------------------------------------------------------------------- with a real Trainer
 import json  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -64,12 +64,12 @@ def test_manifest_hashes_are_those_of_the_bytes_on_disk(tmp_path: Path) -> None:
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     verify_checkpoint(final)
     (final / "data.json").write_text('{"k": [1, 3]}')
-    with pytest.raises(ValueError, match="data.json was modified"):
+    with pytest.raises(ValueError, match=r"data.json was modified"):
         verify_checkpoint(final)
 
 
 def test_unsupported_dtype_is_a_clear_error(tmp_path: Path) -> None:
     writer = CheckpointWriter(tmp_path / "ckpt")
     writer.clear_staging()
-    with pytest.raises(TypeError, match="cannot store 'c' of dtype torch.complex64 in safetensors"):
+    with pytest.raises(TypeError, match=r"cannot store 'c' of dtype torch.complex64 in safetensors"):
         writer.save_safetensors("w.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)})

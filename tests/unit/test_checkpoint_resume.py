@@ -125,7 +125,7 @@ def test_resume_is_bit_exact(tmp_path: Path, straight_run: Any, stop_step: int) 
 def test_checkpoint_directory_layout(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    module, trainer, _ = run_fit(tmp_path, 3, every_n_train_steps=3)
+    module, _trainer, _ = run_fit(tmp_path, 3, every_n_train_steps=3)
     ckpt = tmp_path / "ckpts" / "epoch=0-step=3"
     names = set(os.listdir(ckpt))
     assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "extra_state.json", "hparams.json", "manifest.json"} <= names
@@ -196,7 +196,7 @@ def test_non_json_checkpoint_entries_are_rejected(tmp_path: Path) -> None:
 
 
 def test_ckpt_path_last_without_checkpoints_starts_fresh(tmp_path: Path) -> None:
-    module, trainer, _ = run_fit(tmp_path, 2, ckpt_path="last", every_n_train_steps=5)
+    _module, trainer, _ = run_fit(tmp_path, 2, ckpt_path="last", every_n_train_steps=5)
     assert trainer.global_step == 2
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.fit import checkpointing
-from trainer.fit.checkpointing import find_last_checkpoint, is_complete_checkpoint, verify_checkpoint
 from tests.unit.test_checkpoint_resume import ResumeNet, assert_same_weights, run_fit
+from trainer.fit.checkpointing import find_last_checkpoint, is_complete_checkpoint, verify_checkpoint
 
 
 class Payload:
@@ -65,24 +64,24 @@ def test_tampered_file_with_matching_manifest_is_still_not_unpickled(tmp_path: P
     plant_payload(saved, "optimizer.bin", marker)
     rewrite_manifest(saved)
     verify_checkpoint(saved)  # the manifest no longer helps ...
-    with pytest.raises(ValueError, match="optimizer.bin"):  # ... but weights_only loading refuses the pickle
+    with pytest.raises(ValueError, match=r"optimizer.bin"):  # ... but weights_only loading refuses the pickle
         run_fit(tmp_path, 5, ckpt_path=str(saved))
     assert not marker.exists()
 
 
 def test_added_removed_and_corrupted_files_are_refused(saved: Path) -> None:
     (saved / "extra.pkl").write_bytes(b"x")
-    with pytest.raises(ValueError, match="extra.pkl was added"):
+    with pytest.raises(ValueError, match=r"extra.pkl was added"):
         verify_checkpoint(saved)
     (saved / "extra.pkl").unlink()
     weights = saved / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="model.safetensors was modified"):
+    with pytest.raises(ValueError, match=r"model.safetensors was modified"):
         verify_checkpoint(saved)
     weights.unlink()
-    with pytest.raises(ValueError, match="model.safetensors is missing"):
+    with pytest.raises(ValueError, match=r"model.safetensors is missing"):
         verify_checkpoint(saved)
     assert not is_complete_checkpoint(saved)
 
@@ -103,7 +102,7 @@ def test_last_ignores_incomplete_and_hidden_directories(tmp_path: Path, saved: P
     stale = root / ".epoch=0-step=4.partial"  # left by a crash while saving the step-4 checkpoint earlier
     stale.mkdir()
     (stale / "junk.bin").write_bytes(b"x")
-    module, trainer, _ = run_fit(tmp_path, 4, ckpt_path="last", every_n_train_steps=4)
+    _module, trainer, _ = run_fit(tmp_path, 4, ckpt_path="last", every_n_train_steps=4)
     assert trainer.global_step == 4
     assert not stale.exists() and verify_checkpoint(root / "epoch=0-step=4")["global_step"] == 4
     assert find_last_checkpoint(root) == root / "epoch=0-step=4"
@@ -116,12 +115,12 @@ def test_resuming_from_an_older_checkpoint_after_a_crash_is_still_exact(tmp_path
     newest = root / "epoch=1-step=6"
     (newest / "manifest.json").unlink()  # as if the process died while writing the step-6 checkpoint
     assert find_last_checkpoint(root) == root / "epoch=0-step=3"
-    resumed, trainer, _ = run_fit(tmp_path, 8, ckpt_path="last", every_n_train_steps=3, init_seed=5)
+    resumed, _trainer, _ = run_fit(tmp_path, 8, ckpt_path="last", every_n_train_steps=3, init_seed=5)
     assert_same_weights(straight, resumed)
 
 
 def test_saving_over_an_existing_checkpoint_replaces_it_atomically(tmp_path: Path, saved: Path) -> None:
-    module, trainer, _ = run_fit(tmp_path / "other", 2)
+    _module, trainer, _ = run_fit(tmp_path / "other", 2)
     target = trainer.save_checkpoint(saved)
     assert target == saved and verify_checkpoint(saved)["global_step"] == 2
     assert sorted(p.name for p in saved.parent.iterdir() if p.name.startswith(".")) == []
@@ -137,7 +136,7 @@ def test_world_size_mismatch_is_refused(tmp_path: Path, saved: Path) -> None:
 
 def test_unreadable_manifest_is_refused(saved: Path) -> None:
     (saved / "manifest.json").write_text("{not json")
-    with pytest.raises(ValueError, match="unreadable manifest.json"):
+    with pytest.raises(ValueError, match=r"unreadable manifest.json"):
         verify_checkpoint(saved)
     (saved / "manifest.json").write_text(json.dumps({"format": "other", "files": {}}))
     with pytest.raises(ValueError, match="not a trainwright-checkpoint manifest"):

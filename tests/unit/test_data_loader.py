@@ -105,7 +105,7 @@ def test_split_batches_through_the_loader():
     assert [ids(b) for b in loaders[1]][-1] == [0, 1]
     assert [ids(b) for b in loaders[0]][-1] == [20, 21]
     assert loaders[0].batch_size == 2 and loaders[0].total_batch_size == 4
-    with pytest.raises(ValueError, match="batch_size=3.*multiple of 2"):
+    with pytest.raises(ValueError, match=r"batch_size=3.*multiple of 2"):
         prepare_data_loader(DataLoader(tensor_data(22), batch_size=3), num_processes=2, split_batches=True)
 
 

@@ -109,7 +109,7 @@ def test_split_batches_needs_a_divisible_batch_size():
 
 @pytest.mark.parametrize("num_processes, process_index", [(0, 0), (2, 2), (2, -1), (2.0, 0)])
 def test_bad_process_arguments(num_processes, process_index):
-    with pytest.raises(ValueError, match="num_processes|process_index"):
+    with pytest.raises(ValueError, match=r"num_processes|process_index"):
         shard_indices(10, 2, num_processes, process_index)
 
 

@@ -170,8 +170,7 @@ def test_test_and_predict_hook_order(tmp_path: Any) -> None:
     module.test_step = lambda batch, idx: calls.append("module.test_step")  # type: ignore[method-assign]
     trainer = _trainer(tmp_path, callbacks=[RecordingCallback(calls)])
     trainer.test(module, _loader(2))
-    assert calls == _both("setup", "on_test_start", "on_test_epoch_start", "on_test_batch_start") + [
-        "module.test_step"] + _both("on_test_batch_end", "on_test_epoch_end", "on_test_end", "teardown")
+    assert calls == [*_both("setup", "on_test_start", "on_test_epoch_start", "on_test_batch_start"), "module.test_step", *_both("on_test_batch_end", "on_test_epoch_end", "on_test_end", "teardown")]
     calls.clear()
     trainer.predict(module, _loader(2))
     assert calls == _both("setup", "on_predict_start", "on_predict_epoch_start", "on_predict_batch_start",

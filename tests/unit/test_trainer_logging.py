@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
-from trainer.fit.results import ResultsStore, infer_batch_size
 from trainer.fit.module import TrainModule
+from trainer.fit.results import ResultsStore, infer_batch_size
 from trainer.fit.trainer import Trainer
 
 

@@ -20,8 +20,10 @@ import contextlib
 import functools
 import gc
 import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -302,11 +304,11 @@ class Accelerator:
                 stack.enter_context(self.strategy.no_sync(model))
             yield
 
-    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Skip DDP gradient sync in the block (gradients still accumulate locally)."""
         return self.strategy.no_sync(model)
 
-    def autocast(self, autocast_handler: Any = None) -> ContextManager[Any]:
+    def autocast(self, autocast_handler: Any = None) -> AbstractContextManager[Any]:
         """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``)."""
         return self.strategy.precision.autocast()
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -13,7 +14,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     It is an `Optimizer` (so schedulers can be built on it) that forwards everything to the wrapped one.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> None:  # noqa: D107 - no super().__init__ on purpose
+    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> None:
         self.optimizer = optimizer
         self.accelerator = accelerator
         self.step_was_skipped = False
@@ -23,7 +24,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         return self.optimizer.state
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @param_groups.setter

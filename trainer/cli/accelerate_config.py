@@ -8,7 +8,8 @@ hardware or services we do not drive (TPU, SageMaker, IPEX, ...) are accepted wh
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from trainer.cli.config import LaunchSettings
 

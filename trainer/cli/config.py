@@ -18,9 +18,10 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, TextIO
 
 MIXED_PRECISION_ALIASES = {
     "no": "no",
@@ -124,7 +125,7 @@ class LaunchSettings:
         """The settings as a plain dict, in field order (what the config file holds)."""
         return dataclasses.asdict(self)
 
-    def updated(self, **changes: Any) -> "LaunchSettings":
+    def updated(self, **changes: Any) -> LaunchSettings:
         """A copy with ``changes`` applied (and validated); unknown names raise `ValueError`."""
         unknown = sorted(set(changes) - set(setting_names()))
         if unknown:
@@ -313,8 +314,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_settings(args: argparse.Namespace) -> tuple[LaunchSettings, Path | None]:
     """Flags > config file (``--config_file`` or the default location, if it exists) > defaults."""
-    path = Path(args.config_file) if getattr(args, "config_file", None) else default_config_path()
-    if getattr(args, "config_file", None) or path.is_file():
+    path: Path | None = Path(args.config_file) if getattr(args, "config_file", None) else default_config_path()
+    if path is not None and (getattr(args, "config_file", None) or path.is_file()):
         settings = load_config_file(path)
     else:
         settings, path = LaunchSettings(), None
@@ -352,10 +353,7 @@ def config_command(args: argparse.Namespace) -> int:
     else:
         start = load_config_file(path) if path.is_file() else LaunchSettings()
         start = start.updated(**overrides)
-        if overrides:
-            settings = start
-        else:
-            settings = ask_settings(Questionnaire(stdin=sys.stdin, stdout=sys.stdout), start)
+        settings = start if overrides else ask_settings(Questionnaire(stdin=sys.stdin, stdout=sys.stdout), start)
     save_config_file(settings, path)
     print(f"Configuration saved at {path}")
     return 0

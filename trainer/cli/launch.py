@@ -12,7 +12,8 @@ import contextlib
 import os
 import sys
 import uuid
-from typing import Any, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 from trainer.cli.config import LaunchSettings, add_setting_arguments, default_config_path, resolve_settings
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainer.cli.config import add_setting_arguments, resolve_settings
 

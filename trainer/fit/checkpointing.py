@@ -23,7 +23,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from strategies.checkpoint_io import FORMAT_NAME, FORMAT_VERSION, is_sharded, read_manifest, sha256_of, verify_checkpoint, write_json_durably
+from strategies.checkpoint_io import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    is_sharded,
+    read_manifest,
+    sha256_of,
+    verify_checkpoint,
+    write_json_durably,
+)
 from strategies.checkpoint_io import is_complete as is_complete_checkpoint
 
 HPARAMS_NAME = "hparams.json"
@@ -191,6 +199,7 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})
     module = trainer.lightning_module
     _call_checkpoint_hooks(trainer, module, list(getattr(trainer, "callbacks", None) or []), "on_load_checkpoint", checkpoint)
+    return None
 
 
 def _restore_weights(trainer: Any, directory: Path) -> None:

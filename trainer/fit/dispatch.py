@@ -8,7 +8,8 @@ the others. Objects that do not override a hook are left out, so an unused event
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from callbacks.base import Callback
 from callbacks.events import ALL_EVENTS

@@ -83,6 +83,7 @@ def train_epoch(trainer: Any, val_loader: Any) -> None:
     cut_by_max_steps = state["batches_done_in_epoch"] < trainer.num_training_batches and max_steps_reached(trainer)
     if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
+    return None
 
 
 def _train_batches(trainer: Any, start: int) -> Any:

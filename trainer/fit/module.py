@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -137,7 +138,8 @@ def _check_optimizers(optimizers: Sequence[Any]) -> None:
 
 
 def _parse_dicts(items: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[LRSchedulerConfig]]:
-    optimizers, configs = [], []
+    optimizers: list[Any] = []
+    configs: list[LRSchedulerConfig] = []
     for item in items:
         if "optimizer" not in item:
             raise ValueError(f"a configure_optimizers dict needs an 'optimizer' key, got keys {sorted(item)}")
@@ -146,9 +148,7 @@ def _parse_dicts(items: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[LR
             raise ValueError(f"unknown configure_optimizers key(s) {sorted(unknown)}; supported: optimizer, lr_scheduler, monitor")
         _check_optimizers([item["optimizer"]])
         optimizers.append(item["optimizer"])
-    for item in items:
-        if item.get("lr_scheduler") is not None:
-            configs.append(_scheduler_config(item["lr_scheduler"], optimizers, item.get("monitor")))
+    configs.extend(_scheduler_config(item["lr_scheduler"], optimizers, item.get("monitor")) for item in items if item.get("lr_scheduler") is not None)
     return optimizers, configs
 
 
@@ -429,7 +429,7 @@ class TrainModule(nn.Module):
     @classmethod
     def load_from_checkpoint(
         cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool = True, **overrides: Any
-    ) -> "TrainModule":
+    ) -> TrainModule:
         """Rebuild a module from a checkpoint directory: its saved hyperparameters, then its weights.
 
         Args:
@@ -449,8 +449,8 @@ class TrainModule(nn.Module):
         try:
             module = cls(**hparams)
         except TypeError as err:
-            err.args = (f"{err}; rebuilding {cls.__name__} from {str(directory)!r} with hyperparameters {sorted(hparams)} failed: "
-                        "call self.save_hyperparameters() in __init__, or pass the missing arguments to load_from_checkpoint(..., name=value)",)
+            err.args = ((f"{err}; rebuilding {cls.__name__} from {str(directory)!r} with hyperparameters {sorted(hparams)} failed: "
+                        "call self.save_hyperparameters() in __init__, or pass the missing arguments to load_from_checkpoint(..., name=value)"),)
             raise
         load_weights(directory, module, device="cpu" if map_location is None else map_location, strict=strict)
         return module

@@ -14,8 +14,9 @@ an epoch mean with ``sync_dist=True`` is the exact mean over every sample of the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -277,8 +278,10 @@ class ResultsStore:
         for name, kind in agreed.items():
             if kind != "metric":
                 entry = entries.get(name)
-                here = entry is not None and entry.updates > 0
-                to_reduce[name] = (kind, entry.total if here else None, (entry.weight if kind == "mean" else 1.0) if here else None)
+                if entry is not None and entry.updates > 0:
+                    to_reduce[name] = (kind, entry.total, entry.weight if kind == "mean" else 1.0)
+                else:
+                    to_reduce[name] = (kind, None, None)
         values.update(self._reduce_values(to_reduce))
         for name, entry in entries.items():
             if name not in values and entry.updates > 0 and entry.metric is None:

@@ -15,17 +15,18 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, cast
 
 import torch
 
 from callbacks.base import Callback
 from trainer.fit import loops
-from trainer.fit.dispatch import HookDispatcher, order_callbacks
-from trainer.fit.results import ResultsStore
-from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
+from trainer.fit.dispatch import HookDispatcher, order_callbacks
+from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
+from trainer.fit.results import ResultsStore
 
 
 class Trainer:
@@ -108,7 +109,6 @@ class Trainer:
         self._model: Any = None
         self._prepared_for: int | None = None
         self._train_loader: Any = None
-        self._dispatch: HookDispatcher | None = None
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -118,6 +118,7 @@ class Trainer:
         self.accelerator: Any = None if args.launch_processes else build_accelerator(args)
         self.accumulate_grad_batches = self.accelerator.gradient_accumulation_steps if self.accelerator else args.accumulate_grad_batches
         self.callbacks: list[Callback] = order_callbacks(default_callbacks(args))
+        self._dispatch = HookDispatcher(None, TrainModule, self.callbacks, self)  # replaced with the module's in _attach
         self._results = ResultsStore(
             device=self.accelerator.device if self.accelerator else torch.device("cpu"),
             reduce=lambda t, op: self.accelerator.reduce(t, op),
@@ -318,7 +319,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ evaluation
     def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None) -> Any:
-        module = self.lightning_module
+        module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
         loader = self._eval_loader(loops.loader_from(module, kind, dataloaders, required=True))
         limit = loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches"))
@@ -376,13 +377,12 @@ class Trainer:
     def _attach(self, module: TrainModule, stage: str) -> None:
         self.lightning_module, self.stage = module, stage
         module.trainer = self
-        if stage == "fit" and not module.automatic_optimization:
-            if self.accumulate_grad_batches != 1 or self.gradient_clip_val is not None:
-                raise ValueError(
-                    "accumulate_grad_batches and gradient_clip_val do not apply to manual optimization "
-                    f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
-                    "(self.clip_gradients(opt, ...)) or use automatic optimization"
-                )
+        if stage == "fit" and not module.automatic_optimization and (self.accumulate_grad_batches != 1 or self.gradient_clip_val is not None):
+            raise ValueError(
+                "accumulate_grad_batches and gradient_clip_val do not apply to manual optimization "
+                f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
+                "(self.clip_gradients(opt, ...)) or use automatic optimization"
+            )
         self._results.reset()
         self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
 
@@ -395,5 +395,5 @@ class Trainer:
         """Hand `metrics` (plus ``"epoch"``) to every callback's ``on_log_metrics``; nothing while sanity checking."""
         if not metrics or self.sanity_checking:
             return
-        dispatch = self._dispatch or HookDispatcher(None, TrainModule, self.callbacks, self)
+        dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
         dispatch.call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, self.global_step if step is None else step)
