@@ -25,7 +25,10 @@ class DDPStrategy(Strategy):
         timeout: process-group timeout in seconds (default ``TRAINWRIGHT_PG_TIMEOUT`` or 300 s, far below
             gloo's 30 minutes), so a rank that never joins a collective fails the job instead of hanging it.
         backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
-        find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view: passed to DDP.
+        find_unused_parameters: passed to DDP.
+        static_graph: passed to DDP.
+        bucket_cap_mb: passed to DDP.
+        gradient_as_bucket_view: passed to DDP.
     """
 
     name = "ddp"

@@ -97,8 +97,12 @@ class FSDPStrategy(Strategy):
         precision: ``"no"``, ``"bf16"`` (bf16 parameters in compute, float32 gradient reduction) or ``"fp16"``
             (the same with a `ShardedGradScaler`).
         timeout: process-group timeout in seconds (as for DDP).
-        wrap_classes, min_num_params, reshard_after_forward, cpu_offload: see `apply_fsdp`.
+        wrap_classes: submodule classes (or names) that get their own FSDP unit; see `apply_fsdp`.
+        min_num_params: also shard submodules holding this many parameters; see `apply_fsdp`.
+        reshard_after_forward: free gathered parameters after forward; see `apply_fsdp`.
+        cpu_offload: keep shards, gradients and optimizer states in CPU memory.
         backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
+        **unsupported: refused with a `TypeError` naming the supported arguments.
     """
 
     name = "fsdp"

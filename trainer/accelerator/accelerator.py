@@ -52,9 +52,10 @@ class Accelerator:
         device_placement: move models and batches to the device.
         rng_types: accepted for compatibility; shuffling is always seeded identically on every rank.
         cpu: force CPU even when an accelerator is present.
-        strategy: ``"auto"``, ``"single"``, ``"ddp"`` or a `Strategy`.
+        strategy: ``"auto"``, ``"single"``, ``"ddp"``, ``"fsdp"`` or a `Strategy`.
         log_with: tracker name(s), `LoggerType`, tracker instances, or ``"all"``.
-        project_dir / project_config: where checkpoints and logs go.
+        project_dir: where checkpoints and logs go.
+        project_config: a `ProjectConfiguration` (directories, automatic checkpoint naming).
         gradient_accumulation_plugin: a `GradientAccumulationPlugin` (instead of the step count).
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer really stepped.
         process_group_timeout: seconds a collective may wait for a missing rank before failing the job.

@@ -39,21 +39,27 @@ class Trainer:
         strategy: ``"auto"``, ``"single"`` or ``"ddp"``.
         devices: ``"auto"`` or the number of processes on this machine. ``strategy="ddp", devices=2`` in a plain
             ``python script.py`` re-runs the script on 2 processes when ``fit`` is called.
-        precision: ``"32"``/``"no"``, ``"16-mixed"``/``"fp16"``, ``"bf16-mixed"``/``"bf16"`` (default: full precision,
-            or ``TRAINWRIGHT_MIXED_PRECISION``).
-        max_epochs, max_steps: when to stop (the first reached wins).
+        precision: ``32``/``"32-true"``/``"no"``, ``16``/``"16-mixed"``/``"fp16"``, ``"bf16-mixed"``/``"bf16"``
+            (default: full precision, or ``TRAINWRIGHT_MIXED_PRECISION``).
+        max_epochs: stop after this many epochs (the first of `max_epochs` and `max_steps` reached wins).
+        max_steps: stop after this many optimizer steps.
         accumulate_grad_batches: batches per optimizer step.
-        gradient_clip_val, gradient_clip_algorithm: clip gradients (``"norm"`` or ``"value"``) before each step.
+        gradient_clip_val: clip gradients to this before each step (None: no clipping).
+        gradient_clip_algorithm: ``"norm"`` (the total norm) or ``"value"`` (each element).
         callbacks: `Callback` objects, called in list order after the module's hooks.
         log_with: tracker name(s) (``"csv"``, ``"tensorboard"``, ...), tracker objects, or None.
         project_dir: where logs and checkpoints go.
         val_check_interval: validate every N training batches (int) or every fraction of an epoch (float).
         check_val_every_n_epoch: validate every N epochs.
-        limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches: batches per epoch
-            (int) or a fraction of the loader (float).
+        limit_train_batches: training batches per epoch (int) or a fraction of the loader (float).
+        limit_val_batches: the same for validation.
+        limit_test_batches: the same for testing.
+        limit_predict_batches: the same for prediction.
         num_sanity_val_steps: validation batches run before training (-1: all).
         log_every_n_steps: write step values to the trackers every N optimizer steps.
-        enable_progress_bar, enable_checkpointing, enable_model_summary: add the default callbacks.
+        enable_progress_bar: add the default progress bar.
+        enable_checkpointing: add the default `ModelCheckpoint`.
+        enable_model_summary: add the default model summary.
         seed: seed python, numpy and torch on every process before the run.
         deterministic: use deterministic algorithms.
         process_group_timeout: seconds a collective may wait for a missing process.
