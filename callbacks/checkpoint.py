@@ -13,9 +13,13 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 _MODES = ("min", "max")
 
@@ -121,32 +125,32 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved = int(state_dict.get("last_global_step_saved", -1))
 
     # ----------------------------------------------------------------------------------- hooks
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self.dirpath = self.resolve_dirpath(trainer)
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         n = self.every_n_train_steps
         if n < 1 or trainer.global_step == 0 or trainer.global_step % n != 0 or not self._may_save(trainer):
             return
         self.save(trainer, monitor_required=False)
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._may_save(trainer) and self._epoch_due(trainer) and self._saves_on_train_epoch_end(trainer):
             self.save(trainer, monitor_required=True)
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._may_save(trainer) and self._epoch_due(trainer) and not self._saves_on_train_epoch_end(trainer):
             self.save(trainer, monitor_required=True)
 
-    def _may_save(self, trainer: Any) -> bool:
+    def _may_save(self, trainer: Trainer) -> bool:
         if getattr(trainer, "sanity_checking", False) or getattr(trainer, "stage", "fit") != "fit":
             return False
         return trainer.global_step != self._last_global_step_saved
 
-    def _epoch_due(self, trainer: Any) -> bool:
+    def _epoch_due(self, trainer: Trainer) -> bool:
         return self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
-    def _saves_on_train_epoch_end(self, trainer: Any) -> bool:
+    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
         num_val = getattr(trainer, "num_val_batches", 0)
@@ -154,13 +158,13 @@ class ModelCheckpoint(Callback):
         return num_val == 0 or validates_once_per_epoch(trainer)
 
     # ----------------------------------------------------------------------------------- saving
-    def resolve_dirpath(self, trainer: Any) -> Path:
+    def resolve_dirpath(self, trainer: Trainer) -> Path:
         """The directory this callback saves into (``<project_dir>/checkpoints`` unless `dirpath` was given)."""
         from trainer.fit.checkpointing import default_checkpoint_dir
 
         return self.dirpath if self.dirpath is not None else default_checkpoint_dir(trainer)
 
-    def save(self, trainer: Any, *, monitor_required: bool) -> None:
+    def save(self, trainer: Trainer, *, monitor_required: bool) -> None:
         """Save the checkpoints due now (all ranks call this); rank 0 then removes those that dropped out."""
         from trainer.fit.checkpointing import save_checkpoint, write_last_pointer
 
@@ -225,7 +229,7 @@ class ModelCheckpoint(Callback):
             return True
         return score < self.kth_value if self._ranking_mode == "min" else score > self.kth_value
 
-    def _metrics(self, trainer: Any) -> dict[str, Any]:
+    def _metrics(self, trainer: Trainer) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
         for key, value in (getattr(trainer, "callback_metrics", None) or {}).items():
             item = getattr(value, "item", None)
@@ -234,7 +238,7 @@ class ModelCheckpoint(Callback):
         metrics["step"] = int(trainer.global_step)
         return metrics
 
-    def _score(self, trainer: Any, metrics: dict[str, Any], monitor_required: bool) -> float | None:
+    def _score(self, trainer: Trainer, metrics: dict[str, Any], monitor_required: bool) -> float | None:
         if self.monitor is None:
             return float(trainer.global_step)  # without a monitor the newest ranks best
         if self.monitor not in metrics:
@@ -286,7 +290,7 @@ class ModelCheckpoint(Callback):
             shutil.rmtree(path, ignore_errors=True)
 
 
-def validates_once_per_epoch(trainer: Any) -> bool:
+def validates_once_per_epoch(trainer: Trainer) -> bool:
     """True when validation runs exactly at the end of every training epoch (so epoch end follows it)."""
     if getattr(trainer, "check_val_every_n_epoch", 1) not in (None, 1):
         return False

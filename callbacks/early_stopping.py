@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 
 class EarlyStopping(Callback):
@@ -88,22 +92,22 @@ class EarlyStopping(Callback):
         self.stopping_reason = state_dict.get("stopping_reason")
 
     # ----------------------------------------------------------------------------------- hooks
-    def _checks_at_epoch_end(self, trainer: Any) -> bool:
+    def _checks_at_epoch_end(self, trainer: Trainer) -> bool:
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
         from callbacks.checkpoint import validates_once_per_epoch
 
         return validates_once_per_epoch(trainer)
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._checks_at_epoch_end(trainer):
             self._run_check(trainer)
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if not self._checks_at_epoch_end(trainer):
             self._run_check(trainer)
 
-    def _run_check(self, trainer: Any) -> None:
+    def _run_check(self, trainer: Trainer) -> None:
         if getattr(trainer, "sanity_checking", False) or getattr(trainer, "stage", "fit") != "fit":
             return
         metrics = getattr(trainer, "callback_metrics", None) or {}

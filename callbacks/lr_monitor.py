@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 _INTERVALS = (None, "step", "epoch")
 
@@ -55,7 +59,7 @@ class LearningRateMonitor(Callback):
         self._intervals: list[str] = []
         self._last_step_logged: int | None = None
 
-    def on_train_start(self, trainer: Any, module: Any) -> None:
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         optimizers = list(getattr(trainer, "optimizers", None) or [])
         if not optimizers:
             warnings.warn(
@@ -98,7 +102,7 @@ class LearningRateMonitor(Callback):
         config = _config_for(index, optimizer, configs)
         return "step" if config is None else str(getattr(config, "interval", "epoch"))
 
-    def learning_rates(self, trainer: Any, interval: str) -> dict[str, float]:
+    def learning_rates(self, trainer: Trainer, interval: str) -> dict[str, float]:
         """The current values of every optimizer logged at ``interval``, keyed by metric name."""
         values: dict[str, float] = {}
         optimizers = list(getattr(trainer, "optimizers", None) or [])
@@ -112,7 +116,7 @@ class LearningRateMonitor(Callback):
                     values[f"momentum-{stem}"] = momentum
         return values
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
         if "step" not in self._intervals:
             return
         step = int(trainer.global_step)
@@ -125,7 +129,7 @@ class LearningRateMonitor(Callback):
         if values:
             trainer.log_metrics(values, step)
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         values = self.learning_rates(trainer, "epoch")
         if values:
             trainer.log_metrics(values, int(trainer.global_step))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 
 class OnExceptionCheckpoint(Callback):
@@ -59,7 +63,7 @@ class OnExceptionCheckpoint(Callback):
         """Where the checkpoint is written."""
         return os.path.join(self.dirpath, self.filename)
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         if getattr(trainer, "stage", "fit") != "fit":
             return  # nothing to resume after a failed validate/test/predict
         try:
@@ -78,7 +82,7 @@ class OnExceptionCheckpoint(Callback):
         if getattr(trainer, "is_global_zero", True):
             print(f"OnExceptionCheckpoint: saved a checkpoint to {self.saved_path} after {type(exception).__name__}.")
 
-    def _save_local_weights(self, trainer: Any, module: Any) -> str:
+    def _save_local_weights(self, trainer: Trainer, module: TrainModule) -> str:
         """Write this rank's module weights to ``ckpt_path/rank{N}.safetensors`` without collectives."""
         import torch
         from safetensors.torch import save_file

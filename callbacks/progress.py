@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 _STAGE_TOTALS = {
     "validation": "num_val_batches",
@@ -110,7 +114,7 @@ class ProgressBar(Callback):
         """Whether bars are drawn at all (``refresh_rate > 0``)."""
         return self.refresh_rate > 0
 
-    def _active(self, trainer: Any) -> bool:
+    def _active(self, trainer: Trainer) -> bool:
         return self.refresh_rate > 0 and bool(getattr(trainer, "is_global_zero", True))
 
     def _new_bar(self, desc: str, total: int | None, leave: bool) -> Any:
@@ -126,7 +130,7 @@ class ProgressBar(Callback):
             unit="it",
         )
 
-    def postfix(self, trainer: Any) -> dict[str, float]:
+    def postfix(self, trainer: Trainer) -> dict[str, float]:
         """The values shown after the bar: the last training loss, then ``trainer.progress_bar_metrics``."""
         shown: dict[str, float] = {}
         loss = _to_float(self._last_loss) if self._last_loss is not None else None
@@ -139,7 +143,7 @@ class ProgressBar(Callback):
         return shown
 
     # training
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not self._active(trainer):
             return
         self._close_train_bar()
@@ -147,7 +151,7 @@ class ProgressBar(Callback):
         self.train_bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
         self._pending = 0
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.train_bar is None:
             return
         self._last_loss = _loss_of(outputs)
@@ -155,13 +159,13 @@ class ProgressBar(Callback):
         if self._due(self.train_bar, self._pending):
             self._refresh_train_bar(trainer)
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.train_bar is None:
             return
         self._refresh_train_bar(trainer)
         self._close_train_bar()
 
-    def on_train_end(self, trainer: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._close_train_bar()
 
     def _due(self, bar: Any, pending: int) -> bool:
@@ -176,7 +180,7 @@ class ProgressBar(Callback):
         self._last_draw = now
         return True
 
-    def _refresh_train_bar(self, trainer: Any) -> None:
+    def _refresh_train_bar(self, trainer: Trainer) -> None:
         self.train_bar.update(self._pending)
         self._pending = 0
         self.train_bar.set_postfix(self.postfix(trainer), refresh=True)
@@ -187,7 +191,7 @@ class ProgressBar(Callback):
             self.train_bar = None
 
     # validation, test, predict: one bar per loop
-    def _eval_start(self, trainer: Any, stage: str) -> None:
+    def _eval_start(self, trainer: Trainer, stage: str) -> None:
         if not self._active(trainer):
             return
         self._close_eval_bar()
@@ -212,7 +216,7 @@ class ProgressBar(Callback):
             self._eval_pending = 0
             self.eval_bar.refresh()
 
-    def _eval_end(self, trainer: Any) -> None:
+    def _eval_end(self, trainer: Trainer) -> None:
         if self.eval_bar is None:
             return
         if self._eval_pending:
@@ -228,39 +232,39 @@ class ProgressBar(Callback):
             self.eval_bar.close()
             self.eval_bar = None
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "validation")
 
-    def on_validation_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_validation_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch_end()
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer)
 
-    def on_test_start(self, trainer: Any, module: Any) -> None:
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "test")
 
-    def on_test_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_test_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch_end()
 
-    def on_test_end(self, trainer: Any, module: Any) -> None:
+    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer)
 
-    def on_predict_start(self, trainer: Any, module: Any) -> None:
+    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "predict")
 
-    def on_predict_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch_end()
 
-    def on_predict_end(self, trainer: Any, module: Any) -> None:
+    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_end(trainer)
 
     # cleanup
-    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._close_eval_bar()
         self._close_train_bar()
         self._last_loss = None
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         self._close_eval_bar()
         self._close_train_bar()

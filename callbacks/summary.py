@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from callbacks.base import Callback
 from strategies.base import user_class
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 
 @dataclass
@@ -134,7 +138,7 @@ class ModelSummary(Callback):
         self.max_depth = max_depth
         self.summary: Summary | None = None
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not getattr(trainer, "is_global_zero", True):
             return
         self.summary = summarize(module, self.max_depth)

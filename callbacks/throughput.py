@@ -5,9 +5,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 
 def _default_batch_size(batch: Any) -> int:
@@ -76,12 +80,12 @@ class ThroughputMonitor(Callback):
     def _now(self) -> float:
         return time.perf_counter() - self._paused
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         # The window restarts each epoch, so the gap between epochs does not count.
         self._window.clear()
         self._window.append((self._now(), self._samples, self._batches))
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._samples += int(self.batch_size_fn(batch))
         self._batches += 1
         self._window.append((self._now(), self._samples, self._batches))
@@ -109,11 +113,11 @@ class ThroughputMonitor(Callback):
             "throughput/device/samples_per_sec": samples_per_sec,
         }
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         if getattr(trainer, "training", False) or getattr(trainer, "stage", None) == "fit":
             self._pause_start = time.perf_counter()
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._pause_start is not None:
             self._paused += time.perf_counter() - self._pause_start
             self._pause_start = None

@@ -18,10 +18,14 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from callbacks.base import Callback
 from strategies.base import user_class
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -354,13 +358,13 @@ class GeneralTracker(Callback):
             values, lambda key, message: self.warn_once(f"value:{key}", message), getattr(self, "package", None)
         )
 
-    def _should_run(self, trainer: Any) -> bool:
+    def _should_run(self, trainer: Trainer) -> bool:
         is_main = bool(getattr(trainer, "is_global_zero", True))
         self.set_main_process(is_main)
         return is_main or not self.main_process_only
 
     # --- the Trainer face ---------------------------------------------------------------------------
-    def _start_from_trainer(self, trainer: Any, module: Any) -> None:
+    def _start_from_trainer(self, trainer: Trainer, module: TrainModule) -> None:
         if not self._should_run(trainer) or self.started:
             return
         if getattr(self, "logging_dir", None) is None:
@@ -372,27 +376,27 @@ class GeneralTracker(Callback):
         if hparams:
             self.store_init_configuration(dict(hparams))
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)
 
-    def on_test_start(self, trainer: Any, module: Any) -> None:
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)
 
-    def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, float], step: int) -> None:
+    def on_log_metrics(self, trainer: Trainer, module: TrainModule, metrics: dict[str, float], step: int) -> None:
         if not self._should_run(trainer):
             return
         if not self.started:
             self._start_from_trainer(trainer, module)
         self.log(metrics, step=step)
 
-    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         if self._should_run(trainer):
             self.end()
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         if self._should_run(trainer):
             self.end()  # flush what was logged and stop the backend's helpers; teardown then does nothing
 

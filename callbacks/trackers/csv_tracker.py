@@ -5,9 +5,13 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from callbacks.trackers.base import GeneralTracker, on_main_process, sanitize_config
+
+if TYPE_CHECKING:
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 
 class CSVTracker(GeneralTracker):
@@ -93,7 +97,7 @@ class CSVTracker(GeneralTracker):
         self._file = None
         self._writer = None
 
-    def on_fit_end(self, trainer: Any, module: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.run_dir is not None and getattr(trainer, "is_global_zero", True):
             print(f"Metrics and hyperparameters are in {self.run_dir}")
 

@@ -21,7 +21,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategies.checkpoint_io import (
     FORMAT_NAME,
@@ -34,13 +34,16 @@ from strategies.checkpoint_io import (
 )
 from strategies.checkpoint_io import is_complete as is_complete_checkpoint
 
+if TYPE_CHECKING:
+    from trainer.fit.trainer import Trainer
+
 HPARAMS_NAME = "hparams.json"
 LAST_POINTER_NAME = "last.json"
 __all__ = ["is_complete_checkpoint", "read_manifest", "restore_checkpoint", "save_checkpoint", "verify_checkpoint"]
 
 
 # --------------------------------------------------------------------------------------------- saving
-def save_checkpoint(trainer: Any, dirpath: str | os.PathLike[str]) -> Path:
+def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str]) -> Path:
     """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically.
 
     Every rank must call this (it is collective). It is the `Accelerator`'s checkpoint (one staging
@@ -65,7 +68,7 @@ def save_checkpoint(trainer: Any, dirpath: str | os.PathLike[str]) -> Path:
     return target
 
 
-def build_checkpoint_state(trainer: Any) -> dict[str, Any]:
+def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
     """The Trainer's part of a checkpoint (JSON only), after the ``on_save_checkpoint`` hooks added theirs."""
     module = trainer.lightning_module
     callbacks = list(getattr(trainer, "callbacks", None) or [])
@@ -104,7 +107,7 @@ def _as_number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _call_checkpoint_hooks(trainer: Any, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any]) -> None:
+def _call_checkpoint_hooks(trainer: Trainer, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any]) -> None:
     """Call `name` on the module, then on the callbacks that override it (``_runs_last`` ones last)."""
     from callbacks.base import Callback
 
@@ -150,7 +153,7 @@ def to_json_safe(value: Any, where: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- restoring
-def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
+def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     """Restore the full training state of `trainer` from the checkpoint directory `path`.
 
     Restores (through the `Accelerator`) weights, optimizers, schedulers, scaler, dataloader positions and RNG
@@ -202,16 +205,16 @@ def restore_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     return None
 
 
-def _restore_weights(trainer: Any, directory: Path) -> None:
+def _restore_weights(trainer: Trainer, directory: Path) -> None:
     """``validate``/``test``/``predict`` from a checkpoint: load only the model weights."""
     from strategies.checkpoint_io import load_weights
 
-    module = trainer.lightning_module
+    module = trainer.attached_module
     device = next((p.device for p in module.parameters()), "cpu")
     load_weights(directory, module, device=device, load_full=trainer.accelerator.strategy.load_module_state_dict)
 
 
-def _restore_callback_states(trainer: Any, states: dict[str, Any]) -> None:
+def _restore_callback_states(trainer: Trainer, states: dict[str, Any]) -> None:
     for callback in getattr(trainer, "callbacks", None) or []:
         state = states.get(callback.state_key)
         if state is not None:
@@ -233,7 +236,7 @@ def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------- finding
-def default_checkpoint_dir(trainer: Any) -> Path:
+def default_checkpoint_dir(trainer: Trainer) -> Path:
     """``<project_dir>/checkpoints``: where checkpoints go unless `ModelCheckpoint(dirpath=...)` says otherwise."""
     return Path(getattr(trainer, "project_dir", None) or ".").absolute() / "checkpoints"
 
@@ -276,7 +279,7 @@ def find_last_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
     return None if best is None else best[1]
 
 
-def resolve_ckpt_path(trainer: Any, ckpt_path: str | os.PathLike[str] | None) -> Path | None:
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None) -> Path | None:
     """Turn ``fit(ckpt_path=...)`` into a checkpoint directory.
 
     Args:
@@ -314,7 +317,7 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | os.PathLike[str] | None) ->
     return directory.absolute()
 
 
-def _checkpoint_dirs(trainer: Any) -> list[Path]:
+def _checkpoint_dirs(trainer: Trainer) -> list[Path]:
     from callbacks.checkpoint import ModelCheckpoint
 
     dirs = [default_checkpoint_dir(trainer)]

@@ -14,11 +14,14 @@ through the wrapped model's forward is the strategy's (`Strategy.call_through`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.fit.module import TrainModule
+
+if TYPE_CHECKING:
+    from trainer.fit.trainer import Trainer
 
 _MISSING = object()
 
@@ -29,19 +32,19 @@ def new_loop_state() -> dict[str, Any]:
     return {"epoch": 0, "global_step": 0, "batches_done_in_epoch": 0, "accumulation_position": 0, "accumulated": 0, "should_stop": False}
 
 
-def max_steps_reached(trainer: Any) -> bool:
+def max_steps_reached(trainer: Trainer) -> bool:
     """True once ``max_steps`` optimizer steps were taken."""
     return trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
 
 
-def fit_done(trainer: Any) -> bool:
+def fit_done(trainer: Trainer) -> bool:
     """True when training should stop: asked to, ``max_steps`` reached or ``max_epochs`` done."""
     if trainer.should_stop or max_steps_reached(trainer):
         return True
     return trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
 
 
-def sanity_check(trainer: Any, val_loader: Any) -> None:
+def sanity_check(trainer: Trainer, val_loader: Any) -> None:
     """Run ``num_sanity_val_steps`` validation batches; the metrics they log are dropped afterwards."""
     stores = (trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics)
     saved = [dict(d) for d in stores]
@@ -56,9 +59,9 @@ def sanity_check(trainer: Any, val_loader: Any) -> None:
         target.update(values)
 
 
-def train_epoch(trainer: Any, val_loader: Any) -> None:
+def train_epoch(trainer: Trainer, val_loader: Any) -> None:
     """Run (the rest of) one training epoch, validating when due."""
-    state, module, results = trainer.fit_loop_state, trainer.lightning_module, trainer._results
+    state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
     if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:
         return _next_epoch(trainer, update_plateau=False)  # restored from a checkpoint written at the end of an epoch
     start = state["batches_done_in_epoch"]
@@ -86,7 +89,7 @@ def train_epoch(trainer: Any, val_loader: Any) -> None:
     return None
 
 
-def _train_batches(trainer: Any, start: int) -> Any:
+def _train_batches(trainer: Trainer, start: int) -> Any:
     """An iterator over this epoch's training batches, starting after the `start` already done (resume)."""
     loader = trainer._train_loader
     if hasattr(loader, "set_epoch"):
@@ -96,7 +99,7 @@ def _train_batches(trainer: Any, start: int) -> Any:
     return iter(loader)
 
 
-def _next_epoch(trainer: Any, *, update_plateau: bool) -> None:
+def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
     step_schedulers(trainer, "epoch", update_plateau=update_plateau)
     state = trainer.fit_loop_state
     state["epoch"] += 1
@@ -104,7 +107,7 @@ def _next_epoch(trainer: Any, *, update_plateau: bool) -> None:
     agree_flags(trainer, False)  # every process learns whether one of them asked to stop
 
 
-def _validation_due(trainer: Any, batch_idx: int) -> bool:
+def _validation_due(trainer: Trainer, batch_idx: int) -> bool:
     if (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch:
         return False
     interval = trainer.val_check_interval
@@ -116,9 +119,9 @@ def _validation_due(trainer: Any, batch_idx: int) -> bool:
     return (batch_idx + 1) % interval == 0
 
 
-def train_batch(trainer: Any, batch: Any, batch_idx: int) -> bool:
+def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
     """Run one training batch; return False (having done nothing) when the processes agreed to stop."""
-    state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.lightning_module
+    state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.attached_module
     trainer._results.set_batch(batch)
     trainer._results.set_context("train", True)
     steps_before = state["global_step"]
@@ -154,7 +157,7 @@ def train_batch(trainer: Any, batch: Any, batch_idx: int) -> bool:
     return not stop
 
 
-def optimizer_step(trainer: Any) -> None:
+def optimizer_step(trainer: Trainer) -> None:
     """Unscale, clip, step and zero the (single, automatic-optimization) optimizer, then step the schedulers."""
     acc, optimizer = trainer.accelerator, trainer.optimizers[0]
     acc.unscale_gradients(optimizer)
@@ -174,10 +177,10 @@ def optimizer_step(trainer: Any) -> None:
         step_schedulers(trainer, "step", update_plateau=True)
 
 
-def step_schedulers(trainer: Any, interval: str, *, update_plateau: bool) -> None:
+def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:
     """Step the schedulers configured for `interval` ("step" or "epoch") whose frequency is due."""
     count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
-    module = trainer.lightning_module
+    module = trainer.attached_module
     for config in trainer.lr_scheduler_configs:
         if config.interval != interval or count % config.frequency or not module.automatic_optimization:
             continue
@@ -197,7 +200,7 @@ def step_schedulers(trainer: Any, interval: str, *, update_plateau: bool) -> Non
         module.lr_scheduler_step(config.scheduler, metric)
 
 
-def agree_flags(trainer: Any, skip: bool) -> tuple[bool, bool]:
+def agree_flags(trainer: Trainer, skip: bool) -> tuple[bool, bool]:
     """Make every process agree on (skip this batch, stop now): true if any process says so."""
     stop = trainer.should_stop
     if trainer.world_size > 1:
@@ -209,13 +212,13 @@ def agree_flags(trainer: Any, skip: bool) -> tuple[bool, bool]:
 
 
 # ---------------------------------------------------------------------------------------- evaluation
-def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
+def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
     """Run one epoch of `stage` ("validation", "test" or "predict") over at most `limit` batches.
 
     Returns ``[{metric: value}]`` of the epoch-level metrics, or for "predict" every batch's output
     in dataset order.
     """
-    module, call, results = trainer.lightning_module, trainer._dispatch.call, trainer._results
+    module, call, results = trainer.attached_module, trainer._dispatch.call, trainer._results
     step = getattr(module, f"{stage}_step")
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
@@ -259,7 +262,7 @@ def eval_loop(trainer: Any, stage: str, loader: Any, limit: int) -> Any:
     return [metrics]
 
 
-def _ordered_predictions(trainer: Any, local: list[tuple[int, int, Any]]) -> list[Any]:
+def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:
     """Predictions of every process in dataset order (batches are dealt round-robin to processes)."""
     if trainer.world_size > 1:
         local = trainer.accelerator.gather_object(local)

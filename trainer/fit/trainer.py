@@ -139,6 +139,13 @@ class Trainer:
         return self.lightning_module
 
     @property
+    def attached_module(self) -> TrainModule:
+        """The module of the running ``fit``/``validate``/``test``/``predict``; raises outside one."""
+        if self.lightning_module is None:
+            raise RuntimeError("no module is attached to this Trainer; call fit/validate/test/predict with a TrainModule first")
+        return self.lightning_module
+
+    @property
     def strategy(self) -> Any:
         return self.accelerator.strategy if self.accelerator else None
 
