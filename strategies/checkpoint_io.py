@@ -19,6 +19,7 @@ checks every file against the manifest before anything is loaded.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -192,28 +193,42 @@ class CheckpointWriter:
         self.files: dict[str, dict[str, Any]] = {}
 
     def clear_staging(self) -> None:
-        """Remove what a crashed save left behind (rank 0, before the others write)."""
+        """Remove what crashed saves left next to the target (rank 0, before the others write), then make the staging directory."""
         if self.final.exists() and not self.final.is_dir():
             raise FileExistsError(f"cannot save a checkpoint to {str(self.final)!r}: it is a file; pass a directory path")
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
+        if self.final.parent.is_dir():
+            for stale in self.final.parent.iterdir():
+                if stale.name.startswith(".") and stale.name.endswith((".partial", ".partial.tmp")) and stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
         self.staging.mkdir(parents=True)
 
-    def _write(self, name: str, produce: Any) -> None:
+    def _write(self, name: str, produce: Any, nbytes: int = 0) -> None:
         path = self.staging / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as fh:
-            out = _HashingFile(fh)
-            produce(out)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as fh:
+                out = _HashingFile(fh)
+                produce(out)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            free = shutil.disk_usage(self.staging.parent).free
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise OSError(
+                err.errno,
+                f"no space left to save checkpoint {str(self.final)!r}: writing {name} (about {nbytes / 1e6:.1f} MB) failed with "
+                f"{free / 1e6:.1f} MB free on that device. The partial checkpoint was removed and earlier checkpoints are "
+                "untouched; free space, lower ModelCheckpoint(save_top_k=...), or save to another directory",
+            ) from err
         self.files[name] = {"size": out.size, "sha256": out.digest.hexdigest()}
 
     def save_safetensors(self, name: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-        self._write(name, lambda out: write_safetensors(out, state, metadata))
+        self._write(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
 
     def save_torch(self, name: str, obj: Any) -> None:
-        self._write(name, lambda out: torch.save(obj, out))
+        self._write(name, lambda out: torch.save(obj, out), _tensor_bytes(obj))
 
     def save_json(self, name: str, data: Any) -> None:
         self._write(name, lambda out: out.write(json.dumps(data, indent=1, sort_keys=True).encode()))
@@ -238,6 +253,17 @@ class CheckpointWriter:
         fsync_dir(self.staging)
         move_into_place(self.staging, self.final)
         return self.final
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested structure (what a file holding it needs, roughly)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 _ST_DTYPES = {

@@ -73,3 +73,45 @@ def test_unsupported_dtype_is_a_clear_error(tmp_path: Path) -> None:
     writer.clear_staging()
     with pytest.raises(TypeError, match=r"cannot store 'c' of dtype torch.complex64 in safetensors"):
         writer.save_safetensors("w.safetensors", {"c": torch.zeros(2, dtype=torch.complex64)})
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 2 MB filesystem (tmpfs), so a save runs out of space for real."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_disk_full_is_an_oserror_naming_the_checkpoint_and_loses_nothing(small_disk: Path) -> None:
+    import errno
+
+    from trainer import Accelerator
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    acc.save_state(small_disk / "small")
+    with torch.no_grad():
+        model.weight = torch.nn.Parameter(torch.zeros(1024, 1024))  # 4 MB: more than the disk holds
+    with pytest.raises(OSError, match=r"no space left to save checkpoint .*big.*model.safetensors \(about 4.2 MB\)") as info:
+        acc.save_state(small_disk / "big")
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in small_disk.iterdir()) == ["small"]  # no staging directory left behind
+    verify_checkpoint(small_disk / "small")  # the earlier checkpoint is intact
+
+
+def test_a_save_removes_staging_directories_crashed_saves_left(tmp_path: Path) -> None:
+    (tmp_path / ".epoch=0-step=3.partial").mkdir()
+    (tmp_path / ".epoch=0-step=3.partial" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".old-release.partial.tmp").mkdir()
+    writer = CheckpointWriter(tmp_path / "epoch=0-step=6")
+    writer.clear_staging()
+    writer.save_json("a.json", {})
+    writer.commit({})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=6"]

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,26 +118,48 @@ def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> P
     return found[-1]
 
 
+def _check_process_count(manifest: dict[str, Any], path: Path, world_size: int) -> None:
+    """Refuse a full-format checkpoint of another process count; say what changes for a sharded one."""
+    saved = manifest.get("world_size", manifest.get("num_processes"))
+    if saved is None or int(saved) == world_size:
+        return
+    if io.is_sharded(path):
+        warnings.warn(
+            f"checkpoint {str(path)!r} was written by {saved} processes and this run has {world_size}: the sharded weights "
+            "and optimizer states are resharded exactly, but the data order from here on differs from an uninterrupted run "
+            "(each process's loader position and RNG state belong to the old layout)",
+            stacklevel=4,
+        )
+        return
+    raise ValueError(
+        f"checkpoint {str(path)!r} was written by {saved} processes but this run has {world_size}; resuming needs the same "
+        "number of processes (per-rank RNG states and data positions). To start a new run from its weights use "
+        "TrainModule.load_from_checkpoint(...), or load model.safetensors with safetensors"
+    )
+
+
 def load_state(
     accelerator: Any,
     input_dir: str | os.PathLike | None = None,
     *,
     strict: bool = True,
-    verify: bool = False,
+    verify: bool = True,
     manifest: dict[str, Any] | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Restore a directory written by `save_state`; returns its ``extra_state``.
 
     Loads only safetensors, JSON and ``torch.load(weights_only=True)`` data, so a tampered checkpoint is
-    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed. Every file's name and
-    size are checked against the manifest first; ``verify=True`` also checks their SHA-256s (one more read
-    of the checkpoint, split across the processes; the Trainer always does this).
+    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed. Every file is checked
+    against the manifest first: names, sizes and (unless ``verify=False``) SHA-256s, one more read of the
+    checkpoint split across the processes. A checkpoint of another process count is refused, unless it is
+    sharded (then it is resharded, with a warning that the data order changes).
     """
     path = resolve_load_dir(accelerator, input_dir)
     if manifest is None:  # the Trainer passes the one it verified (hashes included)
         share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
         manifest = io.verify_checkpoint(path, share=share, hashes=verify)
+    _check_process_count(manifest, path, accelerator.num_processes)
     for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
         if manifest.get(kind, len(have)) != len(have):
             raise ValueError(

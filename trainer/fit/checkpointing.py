@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies.checkpoint_io import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    is_sharded,
     read_manifest,
     sha256_of,
     verify_checkpoint,
@@ -169,20 +167,6 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     manifest = verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
     if getattr(trainer, "stage", "fit") not in (None, "fit"):
         return _restore_weights(trainer, directory)
-    saved_world = manifest.get("world_size")
-    if saved_world is not None and int(saved_world) != int(trainer.world_size) and is_sharded(directory):
-        warnings.warn(
-            f"checkpoint {str(directory)!r} was written by {saved_world} processes and this run has {trainer.world_size}: "
-            "the sharded weights and optimizer states are resharded exactly, but the data order from here on differs "
-            "from an uninterrupted run (each process's loader position and RNG belong to the old layout)",
-            stacklevel=3,
-        )
-    elif saved_world is not None and int(saved_world) != int(trainer.world_size):
-        raise ValueError(
-            f"checkpoint {str(directory)!r} was written by {saved_world} processes but this run has {trainer.world_size}; "
-            "resuming needs the same number of processes (per-rank RNG and data positions). To start a new run from "
-            "its weights use TrainModule.load_from_checkpoint(...) or load model.safetensors with safetensors"
-        )
     checkpoint = accelerator.load_state(str(directory), manifest=manifest)
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
         raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
