@@ -18,7 +18,7 @@ def _save(root: str) -> None:
     acc = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     acc.save_state(f"{root}/state")
     acc.end_training()
 
