@@ -20,6 +20,7 @@ import contextlib
 import functools
 import gc
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -199,6 +200,20 @@ class Accelerator:
         if device_placement is not None and len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries but prepare got {len(args)} objects; give one per object")
         placements = device_placement or [self.device_placement] * len(args)
+        for obj in args:
+            if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)) and not _is_scheduler(obj):
+                warnings.warn(
+                    f"prepare() got a {type(obj).__name__} ({obj!r:.60}), which it does not prepare; it is returned unchanged. "
+                    "prepare() takes models, optimizers, LR schedulers and torch.utils.data.DataLoader objects",
+                    stacklevel=2,
+                )
+        for obj in args:
+            if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)) and not _is_scheduler(obj):
+                warnings.warn(
+                    f"prepare() got a {type(obj).__name__} ({obj!r:.60}), which it does not prepare; it is returned unchanged. "
+                    "prepare() takes models, optimizers, LR schedulers and torch.utils.data.DataLoader objects",
+                    stacklevel=2,
+                )
         # Models first: optimizers must see the parameters after they moved to the device.
         out: list[Any] = list(args)
         for i, obj in enumerate(args):
@@ -278,6 +293,11 @@ class Accelerator:
     # training -----------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` with loss scaling and division by the accumulation steps."""
+        if isinstance(loss, torch.Tensor) and loss.numel() != 1 and "gradient" not in kwargs:
+            raise ValueError(
+                f"backward needs a scalar loss, got a tensor of shape {tuple(loss.shape)}; reduce it first (e.g. loss.mean() "
+                "or loss.sum()), or pass gradient= for a non-scalar backward"
+            )
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         self.strategy.backward(loss, **kwargs)

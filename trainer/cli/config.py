@@ -168,7 +168,15 @@ def load_config_file(path: str | os.PathLike[str]) -> LaunchSettings:
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist; create one with `trainer config`")
     with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
+        try:
+            data = yaml.safe_load(fh)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(
+                f"config file {str(path)!r} is not valid YAML{where}: {problem}; fix that line or recreate the file with `trainer config`"
+            ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -14,6 +14,7 @@ through the wrapped model's forward is the strategy's (`Strategy.call_through`).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -141,6 +142,13 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
             skip, stop = agree_flags(trainer, loss is None)
             if stop:
                 return False
+            if skip and not trainer._warned_skip:
+                trainer._warned_skip = True
+                warnings.warn(
+                    f"training_step returned None for batch {batch_idx} (on at least one process), so every process skipped "
+                    "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
+                    stacklevel=2,
+                )
             if not skip:
                 trainer._dispatch.call("on_before_backward", loss)
                 acc.backward(loss)

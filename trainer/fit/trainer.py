@@ -115,6 +115,7 @@ class Trainer:
         self._model: Any = None
         self._prepared_for: int | None = None
         self._train_loader: Any = None
+        self._warned_skip = False  # training_step returned None: warned once per fit
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -282,8 +283,17 @@ class Trainer:
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
         self.fit_loop_state.clear()
         self.fit_loop_state.update(loops.new_loop_state())
-        self._train_loader = self.accelerator.prepare(loops.loader_from(module, "train", train_dataloaders, required=True))
+        self._warned_skip = False
+        given = loops.loader_from(module, "train", train_dataloaders, required=True)
+        if len(given) == 0:
+            raise ValueError(
+                f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
+                f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
+            )
+        self._train_loader = self.accelerator.prepare(given)
         self.num_training_batches = loops.limit_batches(len(self._train_loader), self._args.limit_train_batches)
+        if self.num_training_batches == 0:
+            warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=3)
         val_loader = self._fit_val_loader(module, val_dataloaders)
         self.num_val_batches = loops.limit_batches(len(val_loader), self._args.limit_val_batches) if val_loader is not None else 0
         self._configure_optimizers(module)
