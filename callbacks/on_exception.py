@@ -66,6 +66,8 @@ class OnExceptionCheckpoint(Callback):
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         if getattr(trainer, "stage", "fit") != "fit":
             return  # nothing to resume after a failed validate/test/predict
+        if type(exception).__name__ == "Preempted":
+            return  # the preemption checkpoint is already written
         try:
             if int(getattr(trainer, "world_size", 1)) > 1:
                 self.saved_path = self._save_local_weights(trainer, module)

@@ -272,3 +272,20 @@ def test_load_state_refuses_a_flipped_byte_before_loading(tmp_path):
     (path / "model.safetensors").write_bytes(bytes(data[:-4]))  # truncated: caught even with verify=False
     with pytest.raises(CheckpointError, match=r"model.safetensors was modified"):
         acc.load_state(path, verify=False)
+
+
+def test_a_real_signal_triggers_check_trigger_once():
+    import os
+    import signal
+
+    acc = Accelerator(cpu=True)
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        acc.trigger_on_signals(signal.SIGUSR1)
+        assert acc.check_trigger() is False
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert acc.received_signal == signal.SIGUSR1  # the process was not terminated
+        assert acc.check_trigger() is True
+        assert acc.check_trigger() is False  # reset after it was seen
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -103,6 +103,7 @@ class Accelerator:
         self.step = 0
         self.sync_gradients = True
         self.flag_tensor: torch.Tensor | None = None
+        self.received_signal = 0  # set by the handlers of trigger_on_signals
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -349,13 +350,33 @@ class Accelerator:
         self.strategy.clip_grad_value_(parameters, clip_value)
 
     def set_trigger(self) -> None:
+        """Mark this process; the next `check_trigger` returns True on every process."""
         self.flag_tensor = torch.tensor(1, device=self.device)
 
     def check_trigger(self) -> bool:
-        flag = torch.tensor(0 if self.flag_tensor is None else 1, device=self.device)
+        """True on every process when any process called `set_trigger` or got a signal of `trigger_on_signals` (a collective)."""
+        marked = self.flag_tensor is not None or self.received_signal != 0
+        flag = torch.tensor(1 if marked else 0, device=self.device)
         triggered = bool(self.reduce(flag, "sum").item() > 0)
         self.flag_tensor = None
+        self.received_signal = 0
         return triggered
+
+    def trigger_on_signals(self, *signals: int) -> None:
+        """Preemption for your own loop: these signals (default SIGTERM and SIGUSR1) act as `set_trigger`.
+
+        The handler only records the signal; check ``accelerator.check_trigger()`` once per step, and when it is
+        True (on every process at the same step) call ``save_state()`` and exit, e.g. ``sys.exit(143)``.
+        """
+        import signal as signals_module
+
+        from trainer.fit.preemption import SIGNALS
+
+        def record(received: int, frame: Any) -> None:
+            self.received_signal = received
+
+        for signum in signals or SIGNALS:
+            signals_module.signal(signum, record)
 
     # collectives --------------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.fit import preemption
 from trainer.fit.module import TrainModule
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
             module.train()
         if max_steps_reached(trainer):
             break
+        if preemption.due(trainer) and batch_idx + 1 < trainer.num_training_batches:  # at the epoch's end: after it
+            preemption.checkpoint_and_exit(trainer)
     results.set_context("train", False)
     trainer._dispatch.call_module("on_train_epoch_end")
     _, logged = results.reduce_epoch("train")
@@ -209,13 +212,17 @@ def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) ->
 
 
 def agree_flags(trainer: Trainer, skip: bool) -> tuple[bool, bool]:
-    """Make every process agree on (skip this batch, stop now): true if any process says so."""
-    stop = trainer.should_stop
+    """Make every process agree on (skip this batch, stop now, a preemption signal): true if any process says so.
+
+    The agreed signal lands in ``trainer.agreed_signal``; the loop acts on it at the next step boundary.
+    """
+    stop, received = trainer.should_stop, trainer.received_signal
     if trainer.world_size > 1:
         acc = trainer.accelerator
-        flags = acc.reduce(torch.tensor([float(skip), float(stop)], device=acc.device), "max")
-        skip, stop = (bool(v) for v in flags.tolist())
+        flags = acc.reduce(torch.tensor([float(skip), float(stop), float(received)], device=acc.device), "max")
+        skip, stop, received = bool(flags[0]), bool(flags[1]), int(flags[2])
         trainer.should_stop = stop
+    trainer.agreed_signal = trainer.agreed_signal or received
     return skip, stop
 
 

@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 
 from callbacks.base import Callback
-from trainer.fit import loops
+from trainer.fit import loops, preemption
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
@@ -116,6 +116,8 @@ class Trainer:
         self._prepared_for: int | None = None
         self._train_loader: Any = None
         self._warned_skip = False  # training_step returned None: warned once per fit
+        self.received_signal = 0  # a preemption signal this process received during fit (trainer.fit.preemption)
+        self.agreed_signal = 0  # ... and the one every process agreed on
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -305,6 +307,8 @@ class Trainer:
         self._dispatch.call("on_train_start")
         while not loops.fit_done(self):
             loops.train_epoch(self, val_loader)
+            if preemption.due(self):
+                preemption.checkpoint_and_exit(self)
         self.training = False
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
@@ -381,6 +385,8 @@ class Trainer:
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
         setup_stage = "fit" if stage == "fit" else stage
+        self.received_signal = self.agreed_signal = 0
+        handlers = preemption.install(self) if stage == "fit" else {}
         try:
             self._dispatch.call("setup", setup_stage)
             result = body()
@@ -389,6 +395,8 @@ class Trainer:
             self._dispatch.call("teardown", setup_stage)
             self._end_run()
             raise
+        finally:
+            preemption.restore(handlers)
         self._dispatch.call("teardown", setup_stage)
         self._end_run()
         return result

@@ -1,0 +1,141 @@
+"""Preemption: a real SIGTERM or SIGUSR1 mid-epoch makes ``fit`` finish the optimizer step, write a complete
+checkpoint, and exit with 128 + the signal; ``fit(ckpt_path="last")`` then ends with the same weights, bit for
+bit, as a run never interrupted. One process (``python -m``) and two (``torchrun``, the signal sent to the agent
+as a scheduler does). Each phase is its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.multiprocess import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+TOTAL_STEPS, SIGNAL_AT = 11, 5
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
+
+
+def _one_process(root: Path, signame: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "tests.integration.test_preemption", str(root), signame]
+    return subprocess.run(cmd, cwd=root, env=_env(), capture_output=True, text=True, timeout=240)
+
+
+def _two_processes(root: Path, signame: str) -> subprocess.CompletedProcess:
+    """torchrun with 2 workers; with `signame`, the agent gets it once rank 0 reached SIGNAL_AT (a scheduler's stop)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "tests.integration.test_preemption", str(root), "external" if signame != "none" else "none"]
+    marker = root / "reached.txt"
+    agent = subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if signame != "none":
+        deadline = time.monotonic() + 200
+        while not marker.exists() and agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agent.send_signal(getattr(signal, signame))
+    out, err = agent.communicate(timeout=240)
+    return subprocess.CompletedProcess(cmd, agent.returncode, out, err)
+
+
+def _final(root: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(root / "final.safetensors"))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGUSR1"])
+def test_one_process_preempted_mid_epoch_resumes_bit_exactly(tmp_path: Path, signame: str) -> None:
+    from trainer.fit.checkpointing import find_last_checkpoint, verify_checkpoint
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    straight.mkdir(), run.mkdir()
+    assert _one_process(straight, "none").returncode == 0
+    first = _one_process(run, signame)
+    signum = getattr(signal, signame)
+    assert first.returncode == 128 + signum, first.stderr[-3000:]
+    assert f"{signame} received; saved" in first.stdout and not (run / "final.safetensors").exists()
+    # the signal came mid-accumulation after step 5: the step finished (6), then the checkpoint
+    last = find_last_checkpoint(run / "checkpoints")
+    assert last is not None and last.name == "preempted-epoch=1-step=6" and verify_checkpoint(last)["global_step"] == 6
+    second = _one_process(run, "none")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads((run / "report.json").read_text()) == {"global_step": TOTAL_STEPS, "first_step_resumed": 7}
+    assert _same(_final(straight), _final(run))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_two_process_job_preempted_through_the_agent_resumes_bit_exactly(tmp_path: Path) -> None:
+    from trainer.fit.checkpointing import find_last_checkpoint
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    straight.mkdir(), run.mkdir()
+    assert _two_processes(straight, "none").returncode == 0
+    first = _two_processes(run, "SIGTERM")
+    assert first.returncode != 0 and not (run / "final.safetensors").exists(), first.stderr[-3000:]
+    last = find_last_checkpoint(run / "checkpoints")
+    assert last is not None and last.name.startswith("preempted-"), first.stderr[-3000:]
+    assert {"random_states_0.safetensors", "random_states_1.safetensors"} <= {p.name for p in last.iterdir()}
+    second = _two_processes(run, "none")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads((run / "report.json").read_text())["global_step"] == TOTAL_STEPS
+    assert _same(_final(straight), _final(run))
+
+
+# ------------------------------------------------------------------------------- the training process
+def main(root: Path, signame: str) -> None:
+    """Train to TOTAL_STEPS resuming from "last"; with a signal name, send it to this process mid-accumulation after step SIGNAL_AT.
+
+    ``external``: only mark that step was reached (the test signals the launcher).
+    """
+    from safetensors.torch import save_file
+
+    from callbacks.base import Callback
+    from tests.unit.test_checkpoint_resume import run_fit
+
+    class Signaller(Callback):
+        def on_after_backward(self, trainer: Any, module: Any) -> None:
+            if trainer.global_step != SIGNAL_AT or trainer.fit_loop_state["accumulation_position"] != 0:
+                return
+            if signame == "external":
+                if trainer.is_global_zero and not (root / "reached.txt").exists():
+                    (root / "reached.txt").write_text("1")
+                    time.sleep(1.0)  # the agent's signal arrives while this step is in flight
+            elif signame != "none":
+                os.kill(os.getpid(), getattr(signal, signame))
+
+    class FirstStep(Callback):
+        def __init__(self) -> None:
+            self.first: int | None = None
+
+        def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.first = trainer.global_step if self.first is None else self.first
+
+    first = FirstStep()
+    resuming = (root / "checkpoints").is_dir()
+    module, trainer, _ = run_fit(root, TOTAL_STEPS, ckpt_path="last", init_seed=99 if resuming else 1, extra_callbacks=(Signaller(), first))
+    full = trainer.strategy.module_state_dict(module)
+    if trainer.is_global_zero:
+        save_file({k: v.contiguous() for k, v in full.items()}, str(root / "final.safetensors"))
+        (root / "report.json").write_text(json.dumps({"global_step": trainer.global_step, "first_step_resumed": first.first}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
