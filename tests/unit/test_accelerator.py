@@ -289,3 +289,34 @@ def test_a_real_signal_triggers_check_trigger_once():
         assert acc.check_trigger() is False  # reset after it was seen
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def _accumulation_pattern(plugin_kwargs, epochs=2):
+    from trainer.utils import GradientAccumulationPlugin
+
+    acc = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=3, **plugin_kwargs))
+    model = torch.nn.Linear(1, 1)
+    model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.utils.data.DataLoader(torch.ones(10, 1), batch_size=1))
+    synced, stepped = [], []
+    for _ in range(epochs):
+        for i, batch in enumerate(loader):
+            with acc.accumulate(model):
+                before = model.weight.detach().clone()
+                acc.backward(model(batch).sum())
+                opt.step()
+                opt.zero_grad()
+                if acc.sync_gradients:
+                    synced.append(i + 1)
+                if not torch.equal(before, model.weight):
+                    stepped.append(i + 1)
+    return synced, stepped
+
+
+def test_accumulation_restarts_at_each_loader_end_as_in_accelerate():
+    synced, stepped = _accumulation_pattern({})
+    assert synced == [3, 6, 9, 10] * 2 and stepped == synced  # epoch 2 syncs at 3 again, not at 2
+
+
+def test_sync_each_batch_still_steps_every_n_batches():
+    synced, stepped = _accumulation_pattern({"sync_each_batch": True})
+    assert stepped == [3, 6, 9, 10] * 2

@@ -310,15 +310,20 @@ class Accelerator:
         return None
 
     def _do_sync(self) -> None:
-        self.step += 1
-        at_end = self.gradient_plugin.sync_with_dataloader and self._active_dataloader() is not None
-        self.sync_gradients = at_end or self.step % self.gradient_accumulation_steps == 0 or self.gradient_plugin.sync_each_batch
+        """As Accelerate: the last batch of a loader always syncs and restarts the count; otherwise every N-th batch."""
+        if self.gradient_plugin.sync_with_dataloader and self._active_dataloader() is not None:
+            self.step = 0
+            self.sync_gradients = True
+        else:
+            self.step += 1
+            self.sync_gradients = self.step % self.gradient_accumulation_steps == 0
 
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """Accumulate gradients: inside, gradient sync and optimizer steps happen only on boundaries."""
         self._do_sync()
-        if self.sync_gradients or not models:  # the common case: nothing to enter
+        # sync_each_batch reduces gradients every batch (less memory under DDP/FSDP); the optimizer still steps every N
+        if self.sync_gradients or self.gradient_plugin.sync_each_batch or not models:
             yield
             return
         with contextlib.ExitStack() as stack:
