@@ -318,5 +318,5 @@ def test_accumulation_restarts_at_each_loader_end_as_in_accelerate():
 
 
 def test_sync_each_batch_still_steps_every_n_batches():
-    synced, stepped = _accumulation_pattern({"sync_each_batch": True})
+    _, stepped = _accumulation_pattern({"sync_each_batch": True})
     assert stepped == [3, 6, 9, 10] * 2
