@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from callbacks.trackers.registry import LoggerType
 from strategies.collectives import broadcast, broadcast_object, gather, gather_object, pad_across_processes, reduce
 from trainer.accelerator.config import (
     DataLoaderConfiguration,
@@ -52,6 +53,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "GradientAccumulationPlugin",
+    "LoggerType",
     "ProjectConfiguration",
     "broadcast",
     "broadcast_object",

@@ -4,6 +4,7 @@ Importing this package imports no tracker library; each integration imports its 
 ``start()``.
 """
 
+from callbacks.trackers import registry as _registry
 from callbacks.trackers.aim import AimTracker
 from callbacks.trackers.base import GeneralTracker, NoOpTracker, on_main_process
 from callbacks.trackers.clearml import ClearMLTracker
@@ -38,6 +39,8 @@ for _cls in (
 ):
     register_tracker_class(_cls)
 del _cls
+_registry._BUILT_IN = (CSVTracker, TensorBoardTracker, WandBTracker, CometMLTracker, AimTracker, MLflowTracker,
+                       ClearMLTracker, DVCLiveTracker, TrackioTracker, SwanLabTracker)
 
 __all__ = [
     "AimTracker",

@@ -35,6 +35,7 @@ class LoggerType(str, enum.Enum):
 LogWith = str | LoggerType | GeneralTracker | Iterable[str | LoggerType | GeneralTracker] | None
 
 _TRACKERS: dict[str, type[GeneralTracker]] = {}
+_BUILT_IN: tuple[type[GeneralTracker], ...] = ()  # set by callbacks.trackers: constructors taking (run_name, logging_dir)
 _ALIASES = {"comet": "comet_ml", "comet-ml": "comet_ml", "tb": "tensorboard", "mlflow-skinny": "mlflow"}
 
 
@@ -84,6 +85,8 @@ def _build(name: str, project_dir: str | None) -> GeneralTracker:
             f"Install it with: pip install {cls.pip_name or cls.package}",
             name=cls.package,
         )
+    if _takes_positional(cls) and not issubclass(cls, _BUILT_IN):  # Accelerate's contract, run name filled at start
+        return cls(None, project_dir) if cls.requires_logging_directory else cls(None)
     if cls.requires_logging_directory or _accepts_logging_dir(cls):
         return cls(logging_dir=project_dir)
     return cls()
@@ -110,6 +113,63 @@ def _lookup(entry: str | LoggerType) -> list[str]:
     return [name]
 
 
+def _entries(log_with: LogWith) -> list[GeneralTracker | str]:
+    """``log_with`` as an ordered list of the tracker instances given and the (validated, installed) names of the others."""
+    if log_with is None:
+        return []
+    entries = [log_with] if isinstance(log_with, (str, GeneralTracker, type)) else log_with
+    if not isinstance(entries, Iterable):
+        raise TypeError(
+            f"log_with must be a tracker name, a LoggerType, a GeneralTracker or a list of them, got {log_with!r}"
+        )
+    found: list[GeneralTracker | str] = []
+    for entry in entries:
+        if isinstance(entry, GeneralTracker):
+            found.append(entry)
+            continue
+        if isinstance(entry, type) and issubclass(entry, GeneralTracker):
+            raise TypeError(f"log_with got the class {entry.__name__}; pass an instance: {entry.__name__}(...)")
+        if not isinstance(entry, str):
+            raise TypeError(f"log_with entries must be names or GeneralTracker instances, got {entry!r}")
+        for name in _lookup(entry):
+            cls = _TRACKERS[name]
+            if not _is_installed(cls):
+                raise ModuleNotFoundError(
+                    f"log_with asks for the {name!r} tracker, but its package {cls.package!r} is not installed. "
+                    f"Install it with: pip install {cls.pip_name or cls.package}",
+                    name=cls.package,
+                )
+            if name not in found:
+                found.append(name)
+    return found
+
+
+def build_named_tracker(name: str, project_name: str, logging_dir: str | None, init_kwargs: Mapping[str, Any] | None) -> GeneralTracker:
+    """Construct a registered tracker as Accelerate documents it: ``cls(project_name, logging_dir, **init_kwargs)``
+    when ``requires_logging_directory`` is true, else ``cls(project_name, **init_kwargs)`` (built-ins that write
+    files also get ``logging_dir=``)."""
+    cls = _TRACKERS[name]
+    kwargs = dict(init_kwargs or {})
+    if not _takes_positional(cls):  # a keyword-only constructor: built bare, the run name and kwargs configured after
+        tracker = _build(name, logging_dir)
+        tracker.configure(run_name=project_name, init_kwargs=kwargs)
+        return tracker
+    if cls.requires_logging_directory:
+        return cls(project_name, logging_dir, **kwargs)
+    if _accepts_logging_dir(cls) and "logging_dir" not in kwargs:
+        kwargs["logging_dir"] = logging_dir
+    return cls(project_name, **kwargs)
+
+
+def _takes_positional(cls: type[GeneralTracker]) -> bool:
+    """Whether the constructor takes a positional argument (the run name, as Accelerate's trackers do)."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
+
+
 def resolve_trackers(log_with: LogWith, *, project_dir: str | os.PathLike[str] | None = None) -> list[GeneralTracker]:
     """Turn a ``log_with`` value into tracker objects, validating every entry now.
 
@@ -127,29 +187,8 @@ def resolve_trackers(log_with: LogWith, *, project_dir: str | os.PathLike[str] |
         ModuleNotFoundError: a tracker asked for by name whose package is missing.
         TypeError: an entry that is neither a name nor a `GeneralTracker`.
     """
-    if log_with is None:
-        return []
-    entries = [log_with] if isinstance(log_with, (str, GeneralTracker, type)) else log_with
-    if not isinstance(entries, Iterable):
-        raise TypeError(
-            f"log_with must be a tracker name, a LoggerType, a GeneralTracker or a list of them, got {log_with!r}"
-        )
     directory = os.fspath(project_dir) if project_dir is not None else None
-    trackers: list[GeneralTracker] = []
-    seen: set[str] = set()
-    for entry in entries:
-        if isinstance(entry, GeneralTracker):
-            trackers.append(entry)
-            continue
-        if isinstance(entry, type) and issubclass(entry, GeneralTracker):
-            raise TypeError(f"log_with got the class {entry.__name__}; pass an instance: {entry.__name__}(...)")
-        if not isinstance(entry, str):
-            raise TypeError(f"log_with entries must be names or GeneralTracker instances, got {entry!r}")
-        for name in _lookup(entry):
-            if name not in seen:
-                seen.add(name)
-                trackers.append(_build(name, directory))
-    return trackers
+    return [entry if isinstance(entry, GeneralTracker) else _build(entry, directory) for entry in _entries(log_with)]
 
 
 class TrackerHub:
@@ -165,7 +204,11 @@ class TrackerHub:
     def __init__(
         self, log_with: LogWith, *, project_dir: str | os.PathLike[str] | None = None, is_main_process: bool = True
     ) -> None:
-        self.trackers: list[GeneralTracker] = resolve_trackers(log_with, project_dir=project_dir)
+        # Names are checked now (a typo fails before training) but built in `init`, with the project name.
+        self._entries = _entries(log_with)
+        self._given = [e for e in self._entries if isinstance(e, GeneralTracker)]
+        self._names = [e for e in self._entries if isinstance(e, str)]
+        self.trackers: list[GeneralTracker] = list(self._given)
         self.project_dir = os.fspath(project_dir) if project_dir is not None else None
         self.is_main_process = bool(is_main_process)
         self.initialized = False
@@ -197,15 +240,24 @@ class TrackerHub:
         if self.initialized:
             raise RuntimeError("init_trackers() was already called; call end_training() before starting new runs")
         per_tracker = self._split_kwargs(init_kwargs, "init_kwargs")
-        unused = set(per_tracker) - {tracker.name.lower() for tracker in self.trackers}
+        unused = set(per_tracker) - {tracker.name.lower() for tracker in self._given} - set(self._names)
         if unused:
             warnings.warn(
-                f"init_kwargs for {sorted(unused)} are not used: log_with has {[t.name for t in self.trackers]}",
+                f"init_kwargs for {sorted(unused)} are not used: log_with has {[t.name for t in self._given] + self._names}",
                 UserWarning,
                 stacklevel=3,
             )
-        for tracker in self.trackers:
-            tracker.configure(run_name=project_name, init_kwargs=per_tracker.get(tracker.name.lower()))
+        trackers = []
+        for entry in self._entries:
+            if isinstance(entry, GeneralTracker):
+                entry.configure(run_name=project_name, init_kwargs=per_tracker.get(entry.name.lower()))
+                trackers.append(entry)
+            elif self.is_main_process or not _TRACKERS[entry].main_process_only:  # as Accelerate: not built where it would not log
+                tracker = build_named_tracker(entry, project_name, self.project_dir, per_tracker.get(entry))
+                tracker.set_main_process(self.is_main_process)
+                tracker.configure(run_name=project_name)
+                trackers.append(tracker)
+        self.trackers = trackers
         for tracker in self._active():
             tracker.begin()
             if config is not None:
@@ -227,7 +279,7 @@ class TrackerHub:
             else:
                 raise TypeError(f"step must be an int or None, got {step!r}")
         if not self.initialized:
-            if self.trackers and not self._warned_uninitialized:
+            if self._entries and not self._warned_uninitialized:
                 self._warned_uninitialized = True
                 warnings.warn(
                     "log() was called before init_trackers(project_name); nothing is recorded until then",
@@ -254,10 +306,12 @@ class TrackerHub:
                 if tracker.main_process_only and not self.is_main_process:
                     return NoOpTracker()
                 return tracker.tracker if unwrap else tracker
-        if not self.is_main_process or not self.trackers:  # Accelerate returns a blank tracker without log_with
+        if not self.is_main_process or not self._entries:  # Accelerate returns a blank tracker without log_with
             return NoOpTracker()
+        if key in self._names:
+            raise RuntimeError(f"the {name!r} tracker is built by init_trackers(project_name); call it before get_tracker")
         raise ValueError(
-            f"No tracker named {name!r}; this run logs with {[t.name for t in self.trackers]}. "
+            f"No tracker named {name!r}; this run logs with {[t.name for t in self._given] + self._names}. "
             "Add it to log_with to use it."
         )
 
