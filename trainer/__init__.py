@@ -28,6 +28,7 @@ _EXPORTS = {
     "notebook_launcher": "trainer.launchers",
     "debug_launcher": "trainer.launchers",
     "set_seed": "trainer.utils",
+    "seed_everything": "trainer.utils",
     "Callback": "callbacks.base",
 }
 

@@ -34,6 +34,25 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
+def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
+    """Lightning's ``seed_everything``: seed python, numpy and torch; returns the seed.
+
+    Without `seed`, ``PL_GLOBAL_SEED`` (as Lightning) or ``TRAINWRIGHT_SEED``, else 0. `workers` is accepted for
+    compatibility: prepared loaders already seed their workers from the shared data seed.
+    """
+    if seed is None:
+        raw = os.environ.get("PL_GLOBAL_SEED") or os.environ.get("TRAINWRIGHT_SEED") or "0"
+        try:
+            seed = int(raw)
+        except ValueError:
+            raise ValueError(f"the seed environment variable holds {raw!r}, not an int; set it to e.g. 42") from None
+    set_seed(seed)
+    os.environ["PL_GLOBAL_SEED"] = str(seed)
+    if verbose:
+        print(f"Seed set to {seed}")
+    return seed
+
+
 def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     from strategies.data import send_to_device as _send
 
@@ -62,6 +81,7 @@ __all__ = [
     "gather_object",
     "pad_across_processes",
     "reduce",
+    "seed_everything",
     "send_to_device",
     "set_seed",
 ]

@@ -95,3 +95,42 @@ def test_devices_must_match_the_launched_processes(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="devices=4 but the launcher started 2 processes"):
         Trainer(project_dir=tmp_path, strategy="ddp", devices=4, **QUIET)
+
+
+def test_lightning_argument_names(tmp_path: Any) -> None:
+    from callbacks.trackers import CSVTracker
+
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, accelerator="cpu", enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)
+    assert trainer.project_dir == str(tmp_path) and trainer.accelerator.device.type == "cpu"
+    assert not any(isinstance(cb, CSVTracker) for cb in trainer.callbacks)
+    with_csv = Trainer(default_root_dir=tmp_path, logger=True, enable_progress_bar=False, enable_model_summary=False)
+    assert any(isinstance(cb, CSVTracker) for cb in with_csv.callbacks)
+    mine = CSVTracker()
+    assert mine in Trainer(project_dir=tmp_path, logger=[mine], **{k: v for k, v in QUIET.items() if k != "log_with"}).callbacks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"accelerator": "tpu"}, NotImplementedError, "accelerator='tpu' is not available in this release"),
+        ({"accelerator": "abacus"}, ValueError, "accelerator='abacus' is not supported; choose one of 'auto', 'cpu'"),
+        ({"default_root_dir": "a", "project_dir": "b"}, ValueError, "default_root_dir='a' and project_dir='b' name two directories"),
+        ({"logger": True, "log_with": "tensorboard"}, ValueError, "logger=True and log_with='tensorboard' both choose trackers"),
+    ],
+)
+def test_lightning_argument_conflicts(kwargs: dict[str, Any], error: type, match: str) -> None:
+    base = {k: v for k, v in QUIET.items() if k not in kwargs}
+    with pytest.raises(error, match=match):
+        Trainer(**base, **kwargs)
+
+
+def test_seed_everything_seeds_and_returns_the_seed(capsys: Any) -> None:
+    import torch
+
+    from trainer import seed_everything
+
+    assert seed_everything(7) == 7 and "Seed set to 7" in capsys.readouterr().out
+    a = torch.rand(3)
+    seed_everything(7, verbose=False)
+    assert torch.equal(a, torch.rand(3))

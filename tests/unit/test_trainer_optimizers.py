@@ -296,3 +296,26 @@ def test_manual_backward_in_automatic_mode_is_refused(tmp_path: Any) -> None:
     with pytest.raises(RuntimeError, match="automatic_optimization = False"):
         module.manual_backward(torch.tensor(1.0, requires_grad=True))
     assert trainer.global_step == 4
+
+
+def test_manual_optimization_calls_the_backward_and_step_hooks(tmp_path: Any) -> None:
+    from callbacks.base import Callback
+
+    class Record(Callback):
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def on_before_backward(self, trainer: Any, module: Any, loss: Any) -> None:
+            self.events.append("before_backward")
+
+        def on_after_backward(self, trainer: Any, module: Any) -> None:
+            assert module.disc.weight.grad is not None or module.gen.weight.grad is not None  # gradients exist here
+            self.events.append("after_backward")
+
+        def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.events.append("before_optimizer_step")
+
+    record = Record()
+    _fit(TwoPlayer(), tmp_path, max_epochs=1, callbacks=[record])
+    one_batch = ["before_backward", "after_backward", "before_optimizer_step"] * 2  # discriminator, then generator
+    assert record.events == one_batch * 4

@@ -46,6 +46,7 @@ class TrainerArgs:
     seed: int | None
     deterministic: bool
     process_group_timeout: float | None
+    accelerator: str = "auto"
     launch_processes: bool = False
 
 
@@ -124,11 +125,47 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     timeout = kw["process_group_timeout"]
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ValueError(f"process_group_timeout={timeout!r} must be a positive number of seconds or None")
+    if kw.get("default_root_dir") is not None and not isinstance(kw["default_root_dir"], (str, os.PathLike)):
+        raise TypeError(f"default_root_dir={kw['default_root_dir']!r} must be a path (str or os.PathLike)")
     if not isinstance(kw["project_dir"], (str, os.PathLike)):
         raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
+    kw = _lightning_names(kw)
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
     return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))
+
+
+_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
+def _lightning_names(kw: dict[str, Any]) -> dict[str, Any]:
+    """Fold Lightning's ``accelerator``, ``default_root_dir`` and ``logger`` into our arguments (a conflict is an error)."""
+    kw = dict(kw)
+    accelerator = kw.pop("accelerator")
+    if not isinstance(accelerator, str) or accelerator.lower() not in _ACCELERATORS:
+        raise ValueError(f"accelerator={accelerator!r} is not supported; choose one of {', '.join(map(repr, _ACCELERATORS))}")
+    accelerator = accelerator.lower()
+    import torch
+
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"accelerator={accelerator!r} but this machine has no CUDA device; use accelerator='cpu' or 'auto'")
+    mps = getattr(torch.backends, "mps", None)
+    if accelerator == "mps" and not (mps is not None and mps.is_available()):
+        raise RuntimeError("accelerator='mps' but MPS is not available here; use accelerator='cpu' or 'auto'")
+    if accelerator == "tpu":
+        raise NotImplementedError("accelerator='tpu' is not available in this release (TPU/XLA support is planned); use 'cpu' or 'gpu'")
+    kw["accelerator"] = accelerator
+    root = kw.pop("default_root_dir")
+    if root is not None:
+        if os.fspath(kw["project_dir"]) not in (".", os.fspath(root)):
+            raise ValueError(f"default_root_dir={root!r} and project_dir={kw['project_dir']!r} name two directories; pass one of them")
+        kw["project_dir"] = root
+    logger = kw.pop("logger")
+    if logger is not None:
+        if kw["log_with"] not in ("csv", None):
+            raise ValueError(f"logger={logger!r} and log_with={kw['log_with']!r} both choose trackers; pass one of them")
+        kw["log_with"] = ("csv" if logger else None) if isinstance(logger, bool) else logger
+    return kw
 
 
 def _needs_launch(strategy: Any, devices: Any) -> bool:
@@ -151,6 +188,7 @@ def build_accelerator(args: TrainerArgs) -> Any:
     from trainer.accelerator import Accelerator
 
     return Accelerator(
+        cpu=True if args.accelerator == "cpu" else None,
         mixed_precision=args.precision,
         gradient_accumulation_steps=None if args.accumulate_grad_batches == 1 else args.accumulate_grad_batches,
         strategy=None if args.strategy == "auto" else args.strategy,
@@ -190,4 +228,6 @@ def launch_processes(args: TrainerArgs) -> None:
     settings: dict[str, Any] = {"strategy": "ddp" if args.strategy == "auto" else args.strategy}
     if args.precision is not None:
         settings["mixed_precision"] = args.precision
+    if args.accelerator == "cpu":
+        settings["cpu"] = True
     launch_current_script(int(args.devices), **settings)

@@ -163,7 +163,11 @@ class ManualOptimizer:
         self._trainer = trainer
 
     def step(self, closure: Any = None) -> None:
-        """Step the optimizer (loss scaling and skipped fp16 steps are handled by the Accelerator)."""
+        """Step the optimizer (loss scaling and skipped fp16 steps are handled by the Accelerator).
+
+        Calls ``on_before_optimizer_step(optimizer)`` on the module and callbacks first, as Lightning does.
+        """
+        self._trainer._dispatch.call("on_before_optimizer_step", self)
         if closure is None:
             self.optimizer.step()
         else:

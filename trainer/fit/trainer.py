@@ -63,6 +63,11 @@ class Trainer:
         seed: seed python, numpy and torch on every process before the run.
         deterministic: use deterministic algorithms.
         process_group_timeout: seconds a collective may wait for a missing process.
+        accelerator: Lightning's device choice: ``"auto"``, ``"cpu"`` (forces the CPU), ``"gpu"``/``"cuda"``,
+            ``"mps"`` (each refused with an error when that device is missing); ``"tpu"`` is not available.
+        default_root_dir: Lightning's name for `project_dir`.
+        logger: Lightning's switch for the trackers: ``True`` (the default CSV tracker), ``False`` (none), a
+            tracker object or a list of them (the same as `log_with`).
     """
 
     def __init__(
@@ -93,6 +98,9 @@ class Trainer:
         seed: int | None = None,
         deterministic: bool = False,
         process_group_timeout: float | None = None,
+        accelerator: str = "auto",
+        default_root_dir: str | os.PathLike[str] | None = None,
+        logger: Any = None,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
@@ -418,9 +426,14 @@ class Trainer:
         self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
 
     def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backward for manual optimization: the step ran outside the wrapper's forward, so the strategy arms its sync first."""
+        """Backward for manual optimization, between ``on_before_backward``/``on_after_backward`` as in automatic optimization.
+
+        The step ran outside the wrapper's forward, so the strategy arms its gradient sync first.
+        """
+        self._dispatch.call("on_before_backward", loss)
         self.accelerator.strategy.prepare_for_backward(self._model, loss)
         self.accelerator.backward(loss, **kwargs)
+        self._dispatch.call("on_after_backward")
 
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Hand `metrics` (plus ``"epoch"``) to every callback's ``on_log_metrics``; nothing while sanity checking."""
