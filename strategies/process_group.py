@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -20,6 +21,7 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
     would otherwise reach exit with gloo's threads alive, and their destructors abort the process
     ("terminate called without an active exception").
     """
+    die_with_launcher()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if dist.is_initialized():
@@ -40,6 +42,26 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
     )
     atexit.register(teardown)
     return True
+
+
+def die_with_launcher() -> None:
+    """Under ``trainer launch``: have the kernel send this worker SIGTERM if the launcher dies (even of SIGKILL).
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere, and outside ``trainer launch``, nothing happens.
+    """
+    launcher = os.environ.get("TRAINWRIGHT_LAUNCHER_PID")
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != launcher:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def leave_process_group(owned: bool) -> None:

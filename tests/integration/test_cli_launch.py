@@ -237,31 +237,75 @@ def test_missing_script_is_reported(tmp_path: Path, monkeypatch, capsys) -> None
     assert "missing.py' does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(120)
-def test_sigterm_to_the_launcher_stops_every_worker(tmp_path: Path) -> None:
+def _start_sleepers(tmp_path: Path, script_text: str) -> subprocess.Popen[str]:
     script = tmp_path / "sleeper.py"
-    script.write_text(
-        "import os, sys, time\n"
-        "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
-        "time.sleep(100)\n"
-    )
+    script.write_text(script_text)
     args = [TRAINER, "launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)]
     launcher = subprocess.Popen(args, env=clean_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return launcher
+
+
+def _assert_workers_gone(tmp_path: Path, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    for rank in (0, 1):
+        pid = int((tmp_path / f"pid{rank}").read_text())
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text():
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), f"rank {rank} lives on"
+
+
+SLEEPER = (
+    "import os, sys, time\n"
+    "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+    "time.sleep(100)\n"
+)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
+def test_a_signal_to_the_launcher_stops_every_worker(tmp_path: Path, signame: str) -> None:
+    import signal
+
+    launcher = _start_sleepers(tmp_path, SLEEPER)
     try:
-        deadline = time.monotonic() + 90
-        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        launcher.terminate()
+        launcher.send_signal(getattr(signal, signame))
         _, err = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert launcher.returncode == 143, err
-    assert "stopped by signal SIGTERM" in err
-    time.sleep(1)
-    for rank in (0, 1):
-        pid = int((tmp_path / f"pid{rank}").read_text())
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), f"rank {rank} lives on"
+    assert launcher.returncode == 128 + getattr(signal, signame), err
+    assert signame in err  # "stopped by signal SIGTERM", or the workers "killed by SIGUSR1" it passed on
+    _assert_workers_gone(tmp_path)
+
+
+@pytest.mark.timeout(180)
+def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    import signal
+
+    script = "from trainer import Accelerator\nacc = Accelerator(cpu=True, process_group_timeout=60)\n" + SLEEPER
+    launcher = _start_sleepers(tmp_path, script)
+    launcher.send_signal(signal.SIGKILL)  # no handler runs: only the kernel's parent-death signal can stop the workers
+    launcher.communicate(timeout=60)
+    _assert_workers_gone(tmp_path)
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_by_sigkill_is_named_with_its_signal(tmp_path: Path) -> None:
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(1)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(100)\n"
+    )
+    result = run_trainer(["launch", "--num_processes", "2", "--cpu", str(script)], clean_env(tmp_path), tmp_path)
+    assert result.returncode == 137, result.stderr
+    assert "rank 1 (local rank 1" in result.stderr and "was killed by SIGKILL" in result.stderr
+    assert "also failed: rank 0 (was killed by SIGTERM)" in result.stderr
 
 
 def test_python_dash_m_trainer_is_the_cli(tmp_path: Path) -> None:

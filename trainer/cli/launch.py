@@ -29,6 +29,7 @@ def worker_environment(settings: LaunchSettings) -> dict[str, str]:
         "TRAINWRIGHT_MIXED_PRECISION": settings.mixed_precision,
         "TRAINWRIGHT_CPU": "true" if settings.cpu else "false",
         "TRAINWRIGHT_GRADIENT_ACCUMULATION_STEPS": str(settings.gradient_accumulation_steps),
+        "TRAINWRIGHT_LAUNCHER_PID": str(os.getpid()),  # workers ask to die with it (strategies.process_group)
     }
     if settings.process_group_timeout is not None:
         env["TRAINWRIGHT_PG_TIMEOUT"] = str(settings.process_group_timeout)
@@ -131,9 +132,10 @@ def describe_failure(error: Any, prefer: Collection[int] = ()) -> tuple[int, str
     """
     failures = error.failures
 
-    def order(item: tuple[int, Any]) -> tuple[bool, bool, int, int]:
+    def order(item: tuple[int, Any]) -> tuple[bool, bool, bool, int, int]:
         rank, failure = item
-        return (rank not in prefer, stopped_by_agent(failure.exitcode), failure.timestamp, rank)
+        # the agent stops the others with SIGTERM (SIGKILL only after a grace period): a SIGKILL is more likely the cause
+        return (rank not in prefer, stopped_by_agent(failure.exitcode), failure.exitcode == -_sigterm(), failure.timestamp, rank)
 
     rank, first = min(failures.items(), key=order)
     code, how = _exit_code(first.exitcode)
@@ -152,6 +154,56 @@ def stopped_by_agent(exitcode: int) -> bool:
     import signal
 
     return exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+
+
+def _sigterm() -> int:
+    import signal
+
+    return int(signal.SIGTERM)
+
+
+def _child_pids() -> list[int]:
+    """The processes this one started (the workers), from /proc; empty where there is no /proc."""
+    me, found = os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+@contextlib.contextmanager
+def forwarding_user_signals() -> Iterator[None]:
+    """Pass SIGUSR1/SIGUSR2 (SLURM's preemption warning, user-defined) on to the workers instead of dying of them.
+
+    torchrun's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT itself (it stops the workers and exits); a
+    signal it does not handle would kill the launcher and leave the workers running unsupervised.
+    """
+    import signal
+
+    wanted = [s for s in (getattr(signal, "SIGUSR1", None), getattr(signal, "SIGUSR2", None)) if s is not None]
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in _child_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _exit_code(exitcode: int) -> tuple[int, str]:
@@ -174,7 +226,7 @@ def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     env = worker_environment(settings)
-    with patched_environ(env):
+    with patched_environ(env), forwarding_user_signals():
         config, cmd, cmd_args = torchrun.config_from_args(torchrun.parse_args(list(torchrun_args)))
         try:
             from torch.distributed.launcher.api import elastic_launch
