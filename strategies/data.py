@@ -60,29 +60,72 @@ class SeedableRandomSampler(RandomSampler):
     """A `RandomSampler` whose permutation is a function of ``seed + epoch`` only.
 
     Every process building one with the same seed draws the same permutation in the same epoch, and a
-    resumed run draws the permutation it was interrupted in.
+    resumed run draws the permutation it was interrupted in. Given the state of the user's shuffle generator
+    (``generator_state``), the permutation of each epoch is instead the one a plain DataLoader with that
+    generator draws in that epoch, still a function of the epoch alone.
     """
 
     def __init__(
-        self, data_source: Any, *, replacement: bool = False, num_samples: int | None = None, seed: int = 0
+        self, data_source: Any, *, replacement: bool = False, num_samples: int | None = None, seed: int = 0,
+        generator_state: torch.Tensor | None = None, draws_base_seed: bool = True,
     ) -> None:
         super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        self.draws_base_seed = draws_base_seed  # DataLoader(generator=g) draws its workers' base seed from g first
         self.seed = seed
         self.epoch = 0
+        # The user's shuffle generator, as it was when the loader was prepared: the order is then the plain
+        # DataLoader's (which draws its base seed, then the permutation, from that generator every epoch).
+        self.generator_state = generator_state
+        self._after: tuple[int, torch.Tensor] | None = None  # (epoch, generator state after it): sequential epochs are O(n)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the permutation of ``epoch``."""
         self.epoch = epoch
 
-    def indices_tensor(self) -> torch.Tensor:
-        """This epoch's indices as an int64 tensor (what iterating the sampler yields)."""
+    def _generator_for_epoch(self) -> torch.Generator:
         gen = torch.Generator()
-        gen.manual_seed(self.seed + self.epoch)
-        n, m = len(self.data_source), self.num_samples
+        if self.generator_state is None:
+            gen.manual_seed(self.seed + self.epoch)
+            return gen
+        start, state = (self._after[0] + 1, self._after[1]) if self._after and self._after[0] < self.epoch else (0, self.generator_state)
+        gen.set_state(state)
+        n = len(self.data_source)
+        for _ in range(start, self.epoch):  # replay the epochs in between, as the plain loader consumed them
+            self._base_seed(gen)
+            self._draw_as_random_sampler(gen, n)
+        self._base_seed(gen)
+        return gen
+
+    def _base_seed(self, gen: torch.Generator) -> None:
+        if self.draws_base_seed:
+            torch.empty((), dtype=torch.int64).random_(generator=gen)
+
+    def _draw(self, gen: torch.Generator, n: int) -> torch.Tensor:
+        m = self.num_samples
         if self.replacement:
             return torch.randint(n, (m,), generator=gen, dtype=torch.int64)
         parts = [torch.randperm(n, generator=gen) for _ in range(-(-m // n))]
         return torch.cat(parts)[:m] if len(parts) > 1 or m < n else parts[0]
+
+    def _draw_as_random_sampler(self, gen: torch.Generator, n: int) -> torch.Tensor:
+        """What `RandomSampler.__iter__` draws from its generator in one full pass, in the same calls."""
+        m = self.num_samples
+        if self.replacement:
+            parts = [torch.randint(high=n, size=(32,), dtype=torch.int64, generator=gen) for _ in range(m // 32)]
+            parts.append(torch.randint(high=n, size=(m % 32,), dtype=torch.int64, generator=gen))
+        else:
+            parts = [torch.randperm(n, generator=gen) for _ in range(m // n)]
+            parts.append(torch.randperm(n, generator=gen)[: m % n])
+        return torch.cat(parts)
+
+    def indices_tensor(self) -> torch.Tensor:
+        """This epoch's indices as an int64 tensor (what iterating the sampler yields)."""
+        gen = self._generator_for_epoch()
+        if self.generator_state is None:
+            return self._draw(gen, len(self.data_source))
+        indices = self._draw_as_random_sampler(gen, len(self.data_source))
+        self._after = (self.epoch, gen.get_state())
+        return indices
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices_tensor().tolist())
@@ -430,12 +473,16 @@ def _carried_kwargs(loader: DataLoader) -> dict[str, Any]:
     return {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
 
 
-def _seedable(batch_sampler: Any, seed: int) -> Any:
+def _seedable(batch_sampler: Any, seed: int, loader_generator: Any = None) -> Any:
     """The same batch sampler, drawing from a `SeedableRandomSampler` where it drew from a `RandomSampler`."""
     if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
         return batch_sampler
     old = batch_sampler.sampler
-    sampler = SeedableRandomSampler(old.data_source, replacement=old.replacement, num_samples=old._num_samples, seed=seed)
+    state = old.generator.get_state() if old.generator is not None else None
+    sampler = SeedableRandomSampler(
+        old.data_source, replacement=old.replacement, num_samples=old._num_samples, seed=seed, generator_state=state,
+        draws_base_seed=old.generator is not None and old.generator is loader_generator,
+    )
     return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
 
 
@@ -467,7 +514,7 @@ def _build(
             "give it a batch_size, or pass a BatchSampler as its sampler"
         )
     batch_shard = BatchSamplerShard(
-        _seedable(batch_sampler, seed) if seedable else cast(Any, batch_sampler), num_processes=num_processes,
+        _seedable(batch_sampler, seed, dataloader.generator) if seedable else cast(Any, batch_sampler), num_processes=num_processes,
         process_index=process_index, split_batches=split_batches, even_batches=even_batches,
     )
     placement = {"sampler": batch_shard, "batch_size": None} if as_sampler else {"batch_sampler": batch_shard}

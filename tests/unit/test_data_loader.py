@@ -420,3 +420,22 @@ def test_find_batch_size():
         find_batch_size(["a", 1])
     with pytest.raises(TypeError, match="0-d"):
         find_batch_size(torch.tensor(1.0))
+
+
+def test_a_users_shuffle_generator_gives_the_plain_loaders_order() -> None:
+    from trainer import Accelerator
+
+    data = TensorDataset(torch.arange(23).float())
+
+    def epochs(loader, n=3):
+        return [[b[0].tolist() for b in loader] for _ in range(n)]
+
+    plain = epochs(DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5)))
+    acc = Accelerator(cpu=True)
+    prepared = acc.prepare(DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5)))
+    assert epochs(prepared) == plain
+    assert plain[0] != plain[1]  # a new permutation each epoch
+    # a sampler given its own generator (the loader's base seed then comes from the global RNG)
+    sampler_only = epochs(DataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(9))))
+    prepared = acc.prepare(DataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(9))))
+    assert epochs(prepared) == sampler_only
