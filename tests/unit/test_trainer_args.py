@@ -134,3 +134,40 @@ def test_seed_everything_seeds_and_returns_the_seed(capsys: Any) -> None:
     a = torch.rand(3)
     seed_everything(7, verbose=False)
     assert torch.equal(a, torch.rand(3))
+
+
+def test_fast_dev_run_runs_n_batches_of_every_stage_and_writes_nothing(tmp_path: Any) -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from callbacks.checkpoint import ModelCheckpoint
+    from trainer import TrainModule
+
+    class Counting(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 1)
+            self.seen = {"train": 0, "val": 0, "test": 0}
+
+        def training_step(self, batch, batch_idx):
+            self.seen["train"] += 1
+            return self.lin(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            self.seen["val"] += 1
+            self.log("val_loss", self.lin(batch[0]).pow(2).mean())
+
+        def test_step(self, batch, batch_idx):
+            self.seen["test"] += 1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = DataLoader(TensorDataset(torch.randn(40, 2)), batch_size=4)
+    module = Counting()
+    trainer = Trainer(project_dir=tmp_path, fast_dev_run=2, max_epochs=5, enable_progress_bar=False,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss")])
+    trainer.fit(module, loader, loader)
+    trainer.test(module, loader)
+    assert module.seen == {"train": 2, "val": 2, "test": 2} and trainer.global_step == 2
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no tracker files

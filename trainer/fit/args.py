@@ -47,6 +47,7 @@ class TrainerArgs:
     deterministic: bool
     process_group_timeout: float | None
     accelerator: str = "auto"
+    fast_dev_run: int = 0
     launch_processes: bool = False
 
 
@@ -70,6 +71,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
     from strategies import STRATEGIES, Strategy, normalize_precision
 
+    kw = _fast_dev_run(kw)
     strategy = kw["strategy"]
     if not isinstance(strategy, Strategy):
         if not isinstance(strategy, str) or strategy.lower() not in STRATEGIES:
@@ -136,6 +138,29 @@ def check_arguments(**kw: Any) -> TrainerArgs:
 
 
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+
+
+def _fast_dev_run(kw: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's ``fast_dev_run``: N batches (1 for True) of each stage, one epoch, no sanity check, no trackers,
+    no checkpoints, no early stopping."""
+    value = kw.pop("fast_dev_run")
+    if value is False or value == 0:
+        return {**kw, "fast_dev_run": 0}
+    if value is True:
+        value = 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"fast_dev_run={value!r} must be True/False or a number of batches >= 0")
+    from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.early_stopping import EarlyStopping
+    from callbacks.trackers import GeneralTracker
+
+    callbacks = kw["callbacks"]
+    callbacks = () if callbacks is None else (callbacks,) if isinstance(callbacks, Callback) else tuple(callbacks)
+    kept = tuple(cb for cb in callbacks if not isinstance(cb, (ModelCheckpoint, EarlyStopping, GeneralTracker)))
+    batches = {f"limit_{stage}_batches": value for stage in ("train", "val", "test", "predict")}
+    return {**kw, **batches, "max_epochs": 1, "max_steps": value, "num_sanity_val_steps": 0, "val_check_interval": None,
+            "check_val_every_n_epoch": 1, "log_with": None, "logger": None, "enable_checkpointing": False,
+            "callbacks": kept, "fast_dev_run": value}
 
 
 def _lightning_names(kw: dict[str, Any]) -> dict[str, Any]:

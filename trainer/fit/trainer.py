@@ -68,6 +68,8 @@ class Trainer:
         default_root_dir: Lightning's name for `project_dir`.
         logger: Lightning's switch for the trackers: ``True`` (the default CSV tracker), ``False`` (none), a
             tracker object or a list of them (the same as `log_with`).
+        fast_dev_run: ``True`` or N: run 1 (or N) batches of training, validation, test and prediction in one
+            epoch, without sanity check, trackers, checkpoints or early stopping (Lightning's debugging run).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class Trainer:
         accelerator: str = "auto",
         default_root_dir: str | os.PathLike[str] | None = None,
         logger: Any = None,
+        fast_dev_run: bool | int = False,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
