@@ -23,6 +23,7 @@ _EXPORTS = {
     "DDPKwargs": "trainer.accelerator.config",
     "Trainer": "trainer.fit.trainer",
     "TrainModule": "trainer.fit.module",
+    "DataModule": "trainer.fit.datamodule",
     "LoggerType": "callbacks.trackers",
     "GeneralTracker": "callbacks.trackers",
     "notebook_launcher": "trainer.launchers",

@@ -89,6 +89,9 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "callbacks": callback_states,
         "hyper_parameters": dict(getattr(module, "hparams", None) or {}),
     }
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is not None and datamodule.state_dict():
+        checkpoint["datamodule"] = datamodule.state_dict()
     metrics = getattr(trainer, "callback_metrics", None) or {}
     checkpoint["callback_metrics"] = {k: _as_number(v) for k, v in metrics.items() if _as_number(v) is not None}
     results_state = getattr(trainer, "results_state_dict", None)
@@ -184,6 +187,9 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     if callable(results_load) and "results" in checkpoint:
         results_load(checkpoint["results"])
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is not None and "datamodule" in checkpoint:
+        datamodule.load_state_dict(checkpoint["datamodule"])
     module = trainer.lightning_module
     _call_checkpoint_hooks(trainer, module, list(getattr(trainer, "callbacks", None) or []), "on_load_checkpoint", checkpoint)
     return None

@@ -300,7 +300,11 @@ def overrides(module: TrainModule, name: str) -> bool:
 
 
 def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
-    """The loader passed to the entry point, else the module's ``<kind>_dataloader()``."""
+    """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's."""
+    owner = module._trainer
+    datamodule = getattr(owner, "datamodule", None) if owner is not None else None
+    if given is None and datamodule is not None:
+        given = getattr(datamodule, f"{kind}_dataloader")()
     if given is None:
         method = getattr(module, f"{kind}_dataloader", None)
         given = method() if callable(method) else None

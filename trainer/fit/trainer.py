@@ -127,6 +127,7 @@ class Trainer:
         self._prepared_for: int | None = None
         self._train_loader: Any = None
         self._warned_skip = False  # training_step returned None: warned once per fit
+        self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
         self.received_signal = 0  # a preemption signal this process received during fit (trainer.fit.preemption)
         self.agreed_signal = 0  # ... and the one every process agreed on
         if args.seed is not None:
@@ -274,23 +275,42 @@ class Trainer:
         self._results.load_state_dict(state)
 
     # ------------------------------------------------------------------------------------ entry points
-    def fit(self, module: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, ckpt_path: str | None = None) -> None:
-        """Train `module`, validating as configured; resume from `ckpt_path` ("last", "best" or a directory)."""
+    def fit(
+        self, module: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
+        ckpt_path: str | None = None,
+    ) -> None:
+        """Train `module`, validating as configured; resume from `ckpt_path` ("last", "best" or a directory).
+
+        The loaders come from the arguments, else from `datamodule` (a `DataModule`), else from the module's
+        ``*_dataloader()`` methods.
+        """
+        _one_data_source(datamodule, train_dataloaders, val_dataloaders)
         if self.accelerator is None:
             launch_processes(self._args)
-        self._run("fit", module, lambda: self._fit(module, train_dataloaders, val_dataloaders, ckpt_path))
+        self._run("fit", module, lambda: self._fit(module, train_dataloaders, val_dataloaders, ckpt_path), datamodule)
 
-    def validate(self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
+    def validate(
+        self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
+        datamodule: Any = None,
+    ) -> list[dict[str, float]]:
         """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
-        return self._run("validate", module, lambda: self._evaluate("validation", dataloaders, ckpt_path))
+        _one_data_source(datamodule, dataloaders)
+        return self._run("validate", module, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule)
 
-    def test(self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None) -> list[dict[str, float]]:
+    def test(
+        self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
+        datamodule: Any = None,
+    ) -> list[dict[str, float]]:
         """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
-        return self._run("test", module, lambda: self._evaluate("test", dataloaders, ckpt_path))
+        _one_data_source(datamodule, dataloaders)
+        return self._run("test", module, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule)
 
-    def predict(self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None) -> list[Any]:
+    def predict(
+        self, module: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None, ckpt_path: str | None = None,
+    ) -> list[Any]:
         """Return ``predict_step``'s output for every batch, in dataset order, each sample once (all processes)."""
-        return self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path))
+        _one_data_source(datamodule, dataloaders)
+        return self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path), datamodule)
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
@@ -385,7 +405,7 @@ class Trainer:
         load_weights(Path(path), self.lightning_module, device=strategy.device, load_full=strategy.load_module_state_dict)
 
     # ------------------------------------------------------------------------------------ run plumbing
-    def _run(self, stage: str, module: TrainModule | None, body: Any) -> Any:
+    def _run(self, stage: str, module: TrainModule | None, body: Any, datamodule: Any = None) -> Any:
         if self.accelerator is None:
             raise RuntimeError(
                 f"trainer.{stage}() cannot start the {self._args.devices} processes this Trainer asks for; call trainer.fit() "
@@ -398,19 +418,34 @@ class Trainer:
         setup_stage = "fit" if stage == "fit" else stage
         self.received_signal = self.agreed_signal = 0
         handlers = preemption.install(self) if stage == "fit" else {}
+        self.datamodule = datamodule
         try:
+            if datamodule is not None:
+                self._setup_datamodule(datamodule, setup_stage)
             self._dispatch.call("setup", setup_stage)
             result = body()
         except BaseException as err:
             self._dispatch.call_callbacks("on_exception", err)
-            self._dispatch.call("teardown", setup_stage)
-            self._end_run()
+            self._teardown(setup_stage)
             raise
         finally:
             preemption.restore(handlers)
-        self._dispatch.call("teardown", setup_stage)
-        self._end_run()
+        self._teardown(setup_stage)
         return result
+
+    def _setup_datamodule(self, datamodule: Any, stage: str) -> None:
+        datamodule.trainer = self
+        if self.local_rank == 0:
+            datamodule.prepare_data()
+        if self.world_size > 1:
+            self.accelerator.wait_for_everyone()  # the others wait for the data rank 0 of their machine prepared
+        datamodule.setup(stage)
+
+    def _teardown(self, stage: str) -> None:
+        self._dispatch.call("teardown", stage)
+        if self.datamodule is not None:
+            self.datamodule.teardown(stage)
+        self._end_run()
 
     def _end_run(self) -> None:
         self.stage, self.training, self.sanity_checking = None, False, False
@@ -444,3 +479,10 @@ class Trainer:
             return
         dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
         dispatch.call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, self.global_step if step is None else step)
+
+
+def _one_data_source(datamodule: Any, *loaders: Any) -> None:
+    if datamodule is not None and any(loader is not None for loader in loaders):
+        raise ValueError("pass either dataloaders or datamodule=, not both; the datamodule's *_dataloader() methods give the loaders")
+    if datamodule is not None and not all(hasattr(datamodule, m) for m in ("setup", "train_dataloader", "prepare_data")):
+        raise TypeError(f"datamodule must be a trainer.DataModule, got {type(datamodule).__name__}; subclass trainer.DataModule")
