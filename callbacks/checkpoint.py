@@ -299,4 +299,4 @@ def validates_once_per_epoch(trainer: Trainer) -> bool:
         return True
     if isinstance(interval, float):
         return interval == 1.0
-    return interval >= getattr(trainer, "num_training_batches", 0)
+    return bool(interval >= getattr(trainer, "num_training_batches", 0))

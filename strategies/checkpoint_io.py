@@ -173,7 +173,8 @@ class _HashingFile:
         view = memoryview(data).cast("B")
         self.digest.update(view)
         self.size += len(view)
-        return self.fh.write(view)
+        written: int = self.fh.write(view)
+        return written
 
     def flush(self) -> None:
         self.fh.flush()

@@ -229,7 +229,8 @@ def _take_tensor(perm: torch.Tensor, begin: int, end: int, total: int) -> torch.
 
 def _flat_index_tensor(sampler: Any) -> torch.Tensor:
     if hasattr(sampler, "indices_tensor"):
-        return sampler.indices_tensor()
+        indices: torch.Tensor = sampler.indices_tensor()
+        return indices
     if type(sampler) is SequentialSampler:
         return torch.arange(len(sampler))
     return torch.as_tensor(list(sampler), dtype=torch.int64)

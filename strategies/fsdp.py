@@ -18,7 +18,7 @@ import contextlib
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -217,8 +217,8 @@ class FSDPStrategy(Strategy):
         """The full (unsharded) state dict on CPU, on rank 0; other ranks get ``{}``. Every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state: Any = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return cast(dict[str, torch.Tensor], state)
 
     def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Load a full state dict (the same on every rank) into the shards. Every rank must call it."""

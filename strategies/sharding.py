@@ -329,7 +329,8 @@ def flat_indices(sampler: Any) -> Sequence[int]:
     if type(sampler) is SequentialSampler:
         return range(len(sampler))
     if hasattr(sampler, "indices_tensor"):
-        return sampler.indices_tensor().tolist()
+        indices: list[int] = sampler.indices_tensor().tolist()
+        return indices
     return list(sampler)
 
 

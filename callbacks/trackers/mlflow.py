@@ -68,4 +68,4 @@ class MLflowTracker(GeneralTracker):
 
     @property
     def _run_id(self) -> str:
-        return self._run.info.run_id
+        return str(self._run.info.run_id)

@@ -101,10 +101,12 @@ class PreparedScheduler:
                 self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
-        return self.scheduler.get_last_lr()
+        lrs: list[float] = self.scheduler.get_last_lr()
+        return lrs
 
     def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
+        state: dict[str, Any] = self.scheduler.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state_dict)

@@ -98,7 +98,8 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
     if callable(results_state):  # epoch accumulators of self.log(on_epoch=True), for an exact epoch value after resume
         checkpoint["results"] = results_state()
     _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint)
-    return to_json_safe(checkpoint, "checkpoint")
+    safe: dict[str, Any] = to_json_safe(checkpoint, "checkpoint")
+    return safe
 
 
 def _as_number(value: Any) -> float | None:

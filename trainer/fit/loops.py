@@ -325,7 +325,8 @@ def _loss_of(output: Any) -> torch.Tensor | None:
     if output is None or isinstance(output, torch.Tensor):
         return output
     if isinstance(output, dict) and "loss" in output:
-        return output["loss"]
+        loss: torch.Tensor | None = output["loss"]
+        return loss
     raise TypeError(
         f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' key, or None to skip the batch"
     )

@@ -216,7 +216,7 @@ class TrainModule(nn.Module):
     def device(self) -> torch.device:
         """The device this module's parameters live on (the Trainer's device during a run)."""
         if self._trainer is not None:
-            return self._trainer.accelerator.device
+            return torch.device(self._trainer.accelerator.device)
         param = next(iter(self.parameters()), None)
         return param.device if param is not None else torch.device("cpu")
 

@@ -295,7 +295,7 @@ class Trainer:
     ) -> list[dict[str, float]]:
         """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
         _one_data_source(datamodule, dataloaders)
-        return self._run("validate", module, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule)
+        return cast(list[dict[str, float]], self._run("validate", module, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule))
 
     def test(
         self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
@@ -303,14 +303,14 @@ class Trainer:
     ) -> list[dict[str, float]]:
         """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
         _one_data_source(datamodule, dataloaders)
-        return self._run("test", module, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule)
+        return cast(list[dict[str, float]], self._run("test", module, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule))
 
     def predict(
         self, module: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None, ckpt_path: str | None = None,
     ) -> list[Any]:
         """Return ``predict_step``'s output for every batch, in dataset order, each sample once (all processes)."""
         _one_data_source(datamodule, dataloaders)
-        return self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path), datamodule)
+        return cast(list[Any], self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path), datamodule))
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
