@@ -71,3 +71,31 @@ def test_malformed_config_yaml_names_the_file_and_line(tmp_path: Path) -> None:
     bad.write_text("num_processes: 2\nmixed_precision: [bf16\n")
     with pytest.raises(ValueError, match=r"config.yaml' is not valid YAML at line \d+, column \d+: .*recreate the file with `trainer config`"):
         load_config_file(bad)
+
+
+class Exploding(Net):
+    """The loss is NaN on batch 1 of every epoch."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if batch_idx == 1 else loss
+
+
+def test_nonfinite_loss_skip_keeps_the_weights_finite(tmp_path: Path) -> None:
+    module = Exploding()
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2, on_nonfinite="skip", **QUIET)
+    with pytest.warns(UserWarning, match=r"training loss is not finite at step 1, epoch 0, batch 1; every process skipped"):
+        trainer.fit(module, _loader(16))
+    assert trainer.nonfinite_skipped == 2 and trainer.global_step == 6
+    assert all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+def test_nonfinite_loss_stop_names_the_step(tmp_path: Path) -> None:
+    with pytest.raises(FloatingPointError, match=r"not finite at step 1, epoch 0, batch 1 \(this process: nan\); the parameters are still finite"):
+        Trainer(project_dir=tmp_path, max_epochs=1, on_nonfinite="stop", **QUIET).fit(Exploding(), _loader(16))
+
+
+def test_without_on_nonfinite_nan_trains_on_as_in_lightning(tmp_path: Path) -> None:
+    module = Exploding()
+    Trainer(project_dir=tmp_path, max_epochs=1, **QUIET).fit(module, _loader(16))
+    assert not all(bool(torch.isfinite(p).all()) for p in module.parameters())

@@ -48,6 +48,7 @@ class TrainerArgs:
     process_group_timeout: float | None
     accelerator: str = "auto"
     fast_dev_run: int = 0
+    on_nonfinite: str | None = None
     launch_processes: bool = False
 
 
@@ -132,6 +133,8 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     if not isinstance(kw["project_dir"], (str, os.PathLike)):
         raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
     kw = _lightning_names(kw)
+    if kw["on_nonfinite"] not in (None, "skip", "stop"):
+        raise ValueError(f"on_nonfinite={kw['on_nonfinite']!r} must be None, 'skip' or 'stop'")
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
     return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))

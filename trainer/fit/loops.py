@@ -142,10 +142,14 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
             with acc.strategy.precision.forward_context():
                 output = acc.strategy.call_through(trainer._model, module, "training_step", batch, batch_idx)
             loss = _loss_of(output)
-            skip, stop = agree_flags(trainer, loss is None)
+            check = trainer._args.on_nonfinite is not None and loss is not None
+            nonfinite = check and not bool(torch.isfinite(loss.detach()).all())  # type: ignore[union-attr]
+            skip, stop = agree_flags(trainer, loss is None or nonfinite, nonfinite)
             if stop:
                 return False
-            if skip and not trainer._warned_skip:
+            if check and trainer.agreed_nonfinite:
+                _on_nonfinite(trainer, loss, batch_idx)
+            if skip and loss is None and not trainer._warned_skip:
                 trainer._warned_skip = True
                 warnings.warn(
                     f"training_step returned None for batch {batch_idx} (on at least one process), so every process skipped "
@@ -211,17 +215,42 @@ def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) ->
         module.lr_scheduler_step(config.scheduler, metric)
 
 
-def agree_flags(trainer: Trainer, skip: bool) -> tuple[bool, bool]:
-    """Make every process agree on (skip this batch, stop now, a preemption signal): true if any process says so.
+def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
+    """``on_nonfinite``: the processes agreed this batch is skipped; say why, or stop (every process raises)."""
+    local = loss is not None and not bool(torch.isfinite(loss.detach()).all())
+    value = float(loss.detach().float().flatten()[0]) if loss is not None else None
+    where = f"step {trainer.global_step}, epoch {trainer.current_epoch}, batch {batch_idx}"
+    if trainer._args.on_nonfinite == "stop":
+        bad = next((name for name, p in trainer.attached_module.named_parameters() if not bool(torch.isfinite(p.detach()).all())), None)
+        weights = f"parameter {bad!r} is already non-finite" if bad else "the parameters are still finite"
+        raise FloatingPointError(
+            f"the training loss is not finite at {where} ({'this process: ' + repr(value) if local else 'on another process'}); "
+            f"{weights}. Nothing was stepped and saved checkpoints are intact. Lower the learning rate, clip gradients "
+            "(gradient_clip_val=...), use bf16 instead of fp16, or Trainer(on_nonfinite='skip') to skip such batches"
+        )
+    trainer.nonfinite_skipped += 1
+    if trainer.nonfinite_skipped == 1:
+        warnings.warn(
+            f"the training loss is not finite at {where}; every process skipped the batch (on_nonfinite='skip'). "
+            "trainer.nonfinite_skipped counts them; this warning is shown once per fit",
+            stacklevel=3,
+        )
 
-    The agreed signal lands in ``trainer.agreed_signal``; the loop acts on it at the next step boundary.
+
+def agree_flags(trainer: Trainer, skip: bool, nonfinite: bool = False) -> tuple[bool, bool]:
+    """Make every process agree on (skip this batch, stop now, a non-finite loss, a preemption signal): each is
+    true if any process says so, in one small all-reduce.
+
+    The agreed signal lands in ``trainer.agreed_signal`` (the loop acts on it at the next step boundary), the
+    non-finite flag in ``trainer.agreed_nonfinite``.
     """
     stop, received = trainer.should_stop, trainer.received_signal
     if trainer.world_size > 1:
         acc = trainer.accelerator
-        flags = acc.reduce(torch.tensor([float(skip), float(stop), float(received)], device=acc.device), "max")
-        skip, stop, received = bool(flags[0]), bool(flags[1]), int(flags[2])
+        flags = acc.reduce(torch.tensor([float(skip), float(stop), float(nonfinite), float(received)], device=acc.device), "max")
+        skip, stop, nonfinite, received = bool(flags[0]), bool(flags[1]), bool(flags[2]), int(flags[3])
         trainer.should_stop = stop
+    trainer.agreed_nonfinite = nonfinite
     trainer.agreed_signal = trainer.agreed_signal or received
     return skip, stop
 

@@ -226,6 +226,16 @@ class TrainModule(nn.Module):
         return self._trainer.global_step if self._trainer is not None else 0
 
     @property
+    def global_rank(self) -> int:
+        """This process's rank among all processes (0 outside a run), as in Lightning."""
+        return int(self._trainer.global_rank) if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its machine (0 outside a run)."""
+        return int(self._trainer.local_rank) if self._trainer is not None else 0
+
+    @property
     def current_epoch(self) -> int:
         """The current epoch (0 outside a run)."""
         return self._trainer.current_epoch if self._trainer is not None else 0

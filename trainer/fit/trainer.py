@@ -70,6 +70,9 @@ class Trainer:
             tracker object or a list of them (the same as `log_with`).
         fast_dev_run: ``True`` or N: run 1 (or N) batches of training, validation, test and prediction in one
             epoch, without sanity check, trackers, checkpoints or early stopping (Lightning's debugging run).
+        on_nonfinite: what a NaN/inf training loss does (automatic optimization): None (nothing is checked),
+            ``"skip"`` (every process skips that batch: no backward, no step; counted in ``trainer.nonfinite_skipped``)
+            or ``"stop"`` (every process raises `FloatingPointError` naming the step and the first non-finite parameter).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class Trainer:
         default_root_dir: str | os.PathLike[str] | None = None,
         logger: Any = None,
         fast_dev_run: bool | int = False,
+        on_nonfinite: str | None = None,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
@@ -129,6 +133,8 @@ class Trainer:
         self._warned_skip = False  # training_step returned None: warned once per fit
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
         self.received_signal = 0  # a preemption signal this process received during fit (trainer.fit.preemption)
+        self.agreed_nonfinite = False  # the processes agreed this batch has a non-finite loss (on_nonfinite)
+        self.nonfinite_skipped = 0
         self.agreed_signal = 0  # ... and the one every process agreed on
         if args.seed is not None:
             from trainer.utils import set_seed
@@ -317,6 +323,7 @@ class Trainer:
         self.fit_loop_state.clear()
         self.fit_loop_state.update(loops.new_loop_state())
         self._warned_skip = False
+        self.nonfinite_skipped = 0
         given = loops.loader_from(module, "train", train_dataloaders, required=True)
         if len(given) == 0:
             raise ValueError(
