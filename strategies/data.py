@@ -375,12 +375,16 @@ class DataLoaderShard(DataLoader):
         self._progress.position = self._progress.resume_skip = values["batches_yielded"]
 
     def __len__(self) -> int:
-        """Batches the current (or next) pass yields on this process."""
+        """Batches the current pass yields on this process (a `skip_first_batches` view: the rest after the skip).
+
+        A position restored by ``load_state_dict`` does not shorten it: like Accelerate's loader, ``len()`` is then
+        a whole epoch, which the usual resume recipe (``resume_step // len(loader)``, then `skip_first_batches`)
+        relies on.
+        """
         full = super().__len__()
         if self._pass_skip is not None:
             return max(full - self._pass_skip, 0)
-        pending = self._skip_once if self._skip_once is not None else self._progress.resume_skip
-        return max(full - pending, 0)
+        return max(full - (self._skip_once or 0), 0)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         progress = self._progress

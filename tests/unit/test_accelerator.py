@@ -320,3 +320,32 @@ def test_accumulation_restarts_at_each_loader_end_as_in_accelerate():
 def test_sync_each_batch_still_steps_every_n_batches():
     _, stepped = _accumulation_pattern({"sync_each_batch": True})
     assert stepped == [3, 6, 9, 10] * 2
+
+
+def test_accelerates_resume_recipe_gives_accelerates_result(tmp_path):
+    """The by_feature/checkpointing.py recipe: load_state, starting_epoch = step // len(loader), skip_first_batches."""
+
+    def run(resume_from=None, stop_at=None):
+        acc = Accelerator(cpu=True)
+        torch.manual_seed(0)
+        loader = acc.prepare(torch.utils.data.DataLoader(torch.arange(40), batch_size=4, shuffle=True))
+        starting_epoch, resume_step, seen, overall_step = 0, None, [], 0
+        if resume_from is not None:
+            acc.load_state(resume_from)
+            overall_step = int(Path(resume_from).name.replace("step_", ""))
+            starting_epoch = overall_step // len(loader)
+            resume_step = overall_step - starting_epoch * len(loader)
+        for epoch in range(starting_epoch, 4):
+            active = acc.skip_first_batches(loader, resume_step) if epoch == starting_epoch and resume_step is not None else loader
+            for batch in active:
+                seen.append(batch.tolist())
+                overall_step += 1
+                if overall_step == stop_at:
+                    acc.save_state(tmp_path / f"step_{overall_step}")
+                    return seen
+        return seen
+
+    straight = run()
+    first = run(stop_at=25)
+    resumed = run(resume_from=tmp_path / "step_25")
+    assert first + resumed == straight
