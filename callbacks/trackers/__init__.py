@@ -11,6 +11,7 @@ from callbacks.trackers.clearml import ClearMLTracker
 from callbacks.trackers.comet import CometMLTracker
 from callbacks.trackers.csv_tracker import CSVTracker
 from callbacks.trackers.dvclive import DVCLiveTracker
+from callbacks.trackers.lightning_loggers import CSVLogger, TensorBoardLogger
 from callbacks.trackers.mlflow import MLflowTracker
 from callbacks.trackers.registry import (
     LoggerType,
@@ -44,6 +45,7 @@ _registry._BUILT_IN = (CSVTracker, TensorBoardTracker, WandBTracker, CometMLTrac
 
 __all__ = [
     "AimTracker",
+    "CSVLogger",
     "CSVTracker",
     "ClearMLTracker",
     "CometMLTracker",
@@ -53,6 +55,7 @@ __all__ = [
     "MLflowTracker",
     "NoOpTracker",
     "SwanLabTracker",
+    "TensorBoardLogger",
     "TensorBoardTracker",
     "TrackerHub",
     "TrackioTracker",

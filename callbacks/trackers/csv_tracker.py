@@ -59,12 +59,16 @@ class CSVTracker(GeneralTracker):
     def start(self) -> None:
         if self.run_dir is None or not self.continue_run:  # fit, then test: one run
             self._fieldnames, self._config = [], {}
-            self.run_dir = _new_version_dir(Path(self.resolved_logging_dir()) / "logs" / (self.run_name or "default"))
+            self.run_dir = self._make_run_dir()
         metrics = self.run_dir / "metrics.csv"
         if metrics.exists() and metrics.stat().st_size:
             with open(metrics, newline="") as handle:
                 self._fieldnames = list(csv.DictReader(handle).fieldnames or [])
         self._open(append=True)
+
+    def _make_run_dir(self) -> Path:
+        """``<logging_dir>/logs/<run_name>/version_<n>`` (the next free n)."""
+        return _new_version_dir(Path(self.resolved_logging_dir()) / "logs" / (self.run_name or "default"))
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:

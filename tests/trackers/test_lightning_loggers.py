@@ -1,0 +1,61 @@
+"""Lightning's CSVLogger and TensorBoardLogger, by their constructor arguments, write where Lightning writes."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.trackers import CSVLogger, TensorBoardLogger
+from trainer import Trainer, TrainModule
+
+
+class Net(TrainModule):
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.lin = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.lin(batch[0]).pow(2).mean()
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def _fit(tmp_path: Path, logger) -> None:
+    loader = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=4)
+    Trainer(project_dir=tmp_path / "project", logger=logger, max_epochs=2, log_every_n_steps=1, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False).fit(Net(), loader)
+
+
+def test_csv_logger_writes_lightnings_layout(tmp_path: Path) -> None:
+    first = CSVLogger(tmp_path / "logs", name="exp")
+    _fit(tmp_path, first)
+    run = tmp_path / "logs" / "exp" / "version_0"
+    assert first.log_dir == str(run) and (run / "hparams.yaml").read_text().strip() == "lr: 0.1"
+    rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines()))
+    assert len(rows) == 8 and rows[0]["step"] == "1" and float(rows[0]["train_loss"]) > 0
+    _fit(tmp_path, CSVLogger(tmp_path / "logs", name="exp"))
+    assert (tmp_path / "logs" / "exp" / "version_1" / "metrics.csv").is_file()
+    _fit(tmp_path, CSVLogger(tmp_path / "logs", name="exp", version="fixed", prefix="p"))
+    fixed = list(csv.DictReader((tmp_path / "logs" / "exp" / "fixed" / "metrics.csv").read_text().splitlines()))
+    assert "p-train_loss" in fixed[0]
+
+
+def test_tensorboard_logger_writes_lightnings_layout(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(tmp_path / "tb", name="exp", version=3)
+    _fit(tmp_path, logger)
+    run = tmp_path / "tb" / "exp" / "version_3"
+    assert logger.log_dir == str(run) and list(run.glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert len(events.Scalars("train_loss")) == 8
