@@ -240,6 +240,7 @@ class GeneralTracker(Callback):
         run_name: name of the run/project; ``init_trackers(project_name)`` fills it when unset.
         logging_dir: where file-based backends write; defaults to the project directory.
         main_process_only: log only from the global rank-0 process (default); ``False`` logs everywhere.
+        _blank: Accelerate's flag for its placeholder tracker; accepted (and ignored) so subclasses written for it work.
         **init_kwargs: passed to the backend's run constructor (e.g. ``wandb.init``).
     """
 
@@ -263,6 +264,7 @@ class GeneralTracker(Callback):
         logging_dir: str | os.PathLike[str] | None = None,
         *,
         main_process_only: bool = True,
+        _blank: bool = False,
         **init_kwargs: Any,
     ) -> None:
         if not isinstance(main_process_only, bool):

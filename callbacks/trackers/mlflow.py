@@ -25,6 +25,32 @@ class MLflowTracker(GeneralTracker):
     package = "mlflow"
     pip_name = "mlflow-skinny"
 
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        logging_dir: str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
+        tags: dict[str, Any] | str | None = None,
+        nested_run: bool | None = False,
+        run_name: str | None = None,
+        description: str | None = None,
+        **init_kwargs: Any,
+    ) -> None:
+        """Accelerate's signature; its environment variables win, as in Accelerate (``MLFLOW_EXPERIMENT_NAME``,
+        ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` as JSON, ``MLFLOW_NESTED_RUN``, ``MLFLOW_RUN_NAME``)."""
+        import json
+
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        raw_tags: Any = os.environ.get("MLFLOW_TAGS", tags)
+        tags = json.loads(raw_tags) if isinstance(raw_tags, str) else raw_tags
+        nested = os.environ.get("MLFLOW_NESTED_RUN", str(nested_run)).lower() in ("1", "true")
+        run_name = os.environ.get("MLFLOW_RUN_NAME", run_name)
+        extra: dict[str, Any] = {"run_id": run_id, "tags": tags, "nested": nested or None, "run_name": run_name, "description": description}
+        main_process_only = init_kwargs.pop("main_process_only", True)
+        super().__init__(experiment_name, logging_dir, main_process_only=main_process_only)
+        self.init_kwargs.update({**{k: v for k, v in extra.items() if v is not None}, **init_kwargs})  # start_run's
+
     @on_main_process
     def start(self) -> None:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

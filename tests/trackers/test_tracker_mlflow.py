@@ -36,3 +36,21 @@ def test_mlflow_file_store_round_trip(run_scenario, offline_env):
     text_run = runs[text_hub.trackers[0].tracker.info.run_id]
     assert text_run.data.tags["note"] == "hello"
     assert text_run.data.metrics == {"loss": 2.0}
+
+
+def test_mlflow_tracker_takes_accelerates_arguments_and_its_environment_wins(offline_env, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from trainer.tracking import MLflowTracker
+
+    monkeypatch.setenv("MLFLOW_RUN_NAME", "from-env")
+    tracker = MLflowTracker("acc-exp", str(offline_env / "out"), tags={"team": "x"}, run_name="from-code", description="d")
+    tracker.set_main_process(True)
+    tracker.begin()
+    tracker.log({"loss": 1.0}, step=0)
+    run_id = tracker.tracker.info.run_id
+    tracker.end()
+    run = MlflowClient((offline_env / "out" / "mlruns").as_uri()).get_run(run_id)
+    assert run.info.run_name == "from-env" and run.data.tags["team"] == "x"
+    assert MlflowClient((offline_env / "out" / "mlruns").as_uri()).get_experiment(run.info.experiment_id).name == "acc-exp"
