@@ -197,3 +197,16 @@ def test_saves_after_each_validation_when_it_runs_within_the_epoch(tmp_path: Pat
     cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=-1)
     fit(tmp_path, [cb], max_epochs=2, val_check_interval=1)  # validation after every batch
     assert saved_names(tmp_path / "ck") == ["epoch=0-step=1", "epoch=0-step=2", "epoch=1-step=3", "epoch=1-step=4"]
+
+
+def test_lightning_ckpt_file_names_address_the_checkpoint_directories(tmp_path: Path) -> None:
+    from trainer.fit.checkpointing import find_last_checkpoint, lightning_path
+
+    root = tmp_path / "ckpts"
+    cb = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1)
+    fit(tmp_path, [cb], module=ScriptedNet((5.0, 3.0)))
+    newest = max(p for p in root.iterdir() if p.is_dir())
+    assert lightning_path(root / "last.ckpt") == find_last_checkpoint(root)
+    assert lightning_path(root / f"{newest.name}.ckpt") == newest
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint in"):
+        lightning_path(tmp_path / "empty" / "last.ckpt")

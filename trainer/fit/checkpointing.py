@@ -303,9 +303,22 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
                 + "; add ModelCheckpoint(monitor=...) and fit first, or pass ckpt_path='last' or a checkpoint directory"
             )
         ckpt_path = best
-    directory = Path(ckpt_path)
+    directory = lightning_path(Path(ckpt_path))
     read_manifest(directory)
     return directory.absolute()
+
+
+def lightning_path(path: Path) -> Path:
+    """Accept the file names Lightning users write: ``<dir>/last.ckpt`` is the newest checkpoint in ``<dir>``,
+    ``<dir>/epoch=3-step=40.ckpt`` the checkpoint directory ``<dir>/epoch=3-step=40``. Other paths are returned as given."""
+    if path.exists() or path.suffix != ".ckpt":
+        return path
+    if path.stem == "last":
+        found = find_last_checkpoint(path.parent)
+        if found is None:
+            raise FileNotFoundError(f"{str(path)!r}: there is no complete checkpoint in {str(path.parent)!r} yet")
+        return found
+    return path.with_suffix("")
 
 
 def _checkpoint_dirs(trainer: Trainer) -> list[Path]:

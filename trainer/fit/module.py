@@ -455,7 +455,7 @@ class TrainModule(nn.Module):
         from strategies.checkpoint_io import load_weights
         from trainer.fit import checkpointing
 
-        directory = Path(checkpoint_path)
+        directory = checkpointing.lightning_path(Path(checkpoint_path))
         if directory.is_file():
             directory = directory.parent
         checkpointing.verify_checkpoint(directory)
