@@ -31,6 +31,11 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
                 f"{cluster.world_size} processes; destroy it or fix WORLD_SIZE"
             )
         return False
+    if debug_collectives():
+        # torch checks every collective's op, shapes and dtypes against the other ranks' before running it, and
+        # names both sides on a mismatch (ProcessGroupWrapper); costs a small extra collective per call
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level(dist.DebugLevel.DETAIL)  # torch reads the variable once, maybe before this process set it
     os.environ.setdefault("MASTER_ADDR", cluster.master_addr)
     os.environ.setdefault("MASTER_PORT", str(cluster.master_port))
     dist.init_process_group(
@@ -42,6 +47,12 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
     )
     atexit.register(teardown)
     return True
+
+
+def debug_collectives() -> bool:
+    """``TRAINWRIGHT_DEBUG_COLLECTIVES=1`` (or Accelerate's ``ACCELERATE_DEBUG_MODE=1``): check that every rank calls
+    the same collective with compatible shapes and dtypes, and name the ranks that do not."""
+    return any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("TRAINWRIGHT_DEBUG_COLLECTIVES", "ACCELERATE_DEBUG_MODE"))
 
 
 def die_with_launcher() -> None:

@@ -29,3 +29,27 @@ def test_gather_mismatched_dtypes_raises_on_every_rank():
     messages = run_distributed(_gather_mismatched_dtypes, nprocs=2, timeout=120)
     for msg in messages:
         assert "rank 0: torch.float32" in msg and "rank 1: torch.int64" in msg, msg
+
+
+def _mismatched_collectives():
+    import torch
+    import torch.distributed as dist
+
+    from trainer import Accelerator
+
+    acc = Accelerator(cpu=True)
+    try:
+        if acc.process_index == 0:
+            dist.all_reduce(torch.ones(3))
+        else:
+            dist.broadcast(torch.ones(5, dtype=torch.int64), src=0)
+    except RuntimeError as err:
+        return str(err)
+    return "no error"
+
+
+def test_debug_mode_names_mismatched_collectives() -> None:
+    # the rank that detects it raises at once; its peer may then wait out the (here short) process-group timeout
+    results = run_distributed(_mismatched_collectives, env={"TRAINWRIGHT_DEBUG_COLLECTIVES": "1", "TRAINWRIGHT_PG_TIMEOUT": "10"}, timeout=120)
+    named = [m for m in results if "Detected mismatch between collectives on ranks" in m]
+    assert named and all("ALLREDUCE" in m and "BROADCAST" in m for m in named), results
