@@ -349,3 +349,17 @@ def test_accelerates_resume_recipe_gives_accelerates_result(tmp_path):
     first = run(stop_at=25)
     resumed = run(resume_from=tmp_path / "step_25")
     assert first + resumed == straight
+
+
+def test_missing_rng_states_are_an_error_not_skipped(tmp_path):
+    import json
+
+    acc = make()[0]
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    (path / "random_states_0.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"random_states_0\.safetensors is missing"):  # the manifest notices first
+        acc.load_state(path)
+    (path / "manifest.json").unlink()  # a format-1 directory has no manifest to notice it
+    (path / "checkpoint.json").write_text(json.dumps({"format_version": 1, "num_processes": 1}))
+    with pytest.raises(CheckpointError, match="the RNG states of process 0 are missing"):
+        acc.load_state(path)

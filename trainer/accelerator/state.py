@@ -180,8 +180,14 @@ def load_state(
     for loader, state in zip(loaders, data.get("dataloaders", [])):
         loader.load_state_dict(state)
     rng = path / f"random_states_{accelerator.process_index}.safetensors"
+    saved_world = int(manifest.get("world_size", manifest.get("num_processes", accelerator.num_processes)))
     if rng.exists():
         io.load_rng_state(rng)
+    elif accelerator.process_index < saved_world:  # (a resharded checkpoint of fewer processes has none for the new ranks)
+        raise io.CheckpointError(
+            f"checkpoint {str(path)!r} has no {rng.name}: the RNG states of process {accelerator.process_index} are missing, "
+            "so the run would not continue as it would have; load an intact checkpoint"
+        )
     config = accelerator.project_configuration
     if config.automatic_checkpoint_naming and (m := _NUMBERED.match(path.name)):
         config.iteration = int(m.group(1)) + 1
