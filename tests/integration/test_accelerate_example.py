@@ -35,3 +35,20 @@ def test_two_processes_through_the_launcher(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _check_outputs(tmp_path / "run", proc.stdout, 2)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_the_same_script_sharded_with_fsdp_matches_ddp(tmp_path):
+    """Unchanged script, `--strategy fsdp`: same accuracies as DDP, sharded checkpoints, full exported weights."""
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        cmd = [sys.executable, "-m", "trainer", "launch", "--num_processes", "2", "--main_process_port", "0", "--strategy", strategy,
+               str(EXAMPLE), "--epochs", "2", "--project_dir", str(tmp_path / strategy)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        _check_outputs(tmp_path / strategy, proc.stdout, 2)
+        runs[strategy] = [line for line in proc.stdout.splitlines() if "accuracy" in line]
+    assert runs["fsdp"] == runs["ddp"]
+    assert (tmp_path / "fsdp" / "checkpoints" / "checkpoint_1" / "sharded" / ".metadata").is_file()
+    assert not (tmp_path / "fsdp" / "checkpoints" / "checkpoint_1" / "model.safetensors").exists()
