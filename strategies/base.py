@@ -26,12 +26,17 @@ class Strategy:
 
     ``precision_class`` is the `Precision` a strategy composes (FSDP's casts differ from autocast), and
     ``sharded`` says whether it shards parameters (forward is then a collective, and its checkpoints hold
-    one shard per process).
+    one shard per process). ``joint_setup`` says the module and its optimizer must be set up together, in one
+    `setup_module_and_optimizers` call (an engine such as DeepSpeed's builds both at once); the faces then
+    build optimizers on the plain module first. ``steps_in_backward`` says the optimizer steps inside
+    `backward` on an accumulation boundary (the engine's step), so `optimizer_step` only reports it.
     """
 
     name: str = "base"
     precision_class: type[Precision] = Precision
     sharded: bool = False
+    joint_setup: bool = False
+    steps_in_backward: bool = False
 
     def __init__(self, *, cluster: ClusterEnvironment, device: torch.device, precision: str = "no") -> None:
         self.cluster = cluster
@@ -70,6 +75,37 @@ class Strategy:
                 if isinstance(value, torch.Tensor) and key != "step" and value.device != self.device:
                     state[key] = value.to(self.device)
         return optimizer
+
+    def setup_module_and_optimizers(
+        self,
+        module: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        *,
+        move: bool = True,
+        batch_size: int | None = None,
+    ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
+        """Set up `module` and the optimizers built on its parameters together; returns what to call and step.
+
+        Here: `setup_module`, then `setup_optimizer` for each. ``batch_size`` (the per-process batch of the
+        training loader, when known) is for engines that want it in their configuration.
+        """
+        wrapped = self.setup_module(module, move=move)
+        return wrapped, [self.setup_optimizer(opt) for opt in optimizers]
+
+    def agree_accumulation(self, steps: int) -> int:
+        """The gradient-accumulation steps this strategy and a face agree on, given the face's `steps`.
+
+        Here: the face's. A strategy whose own configuration sets them (DeepSpeed's config) adopts the face's
+        value, or imposes its own when the face kept the default of 1, or refuses a conflict.
+        """
+        return steps
+
+    def agree_clipping(self, value: float | None, algorithm: str = "norm") -> None:
+        """Take the Trainer's ``gradient_clip_val`` into the strategy's configuration, before setup.
+
+        Here nothing: the faces clip through `clip_grad_norm_`. An engine that clips inside its own step
+        (DeepSpeed) records it, or refuses what it cannot do.
+        """
 
     def call_through(self, wrapped: nn.Module, module: nn.Module, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``module.<method>(*args)`` through `wrapped`'s ``__call__``, so the wrapper's forward hooks run.
@@ -110,7 +146,10 @@ class Strategy:
         return compiled if isinstance(compiled, nn.Module) else module
 
     # training
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, *, accumulation_steps: int = 1, boundary: bool = True, **kwargs: Any) -> None:
+        """Backward of `loss` divided by `accumulation_steps`; `boundary` says this is the last micro-batch before a step."""
+        if accumulation_steps > 1:
+            loss = loss / accumulation_steps
         self.precision.backward(loss, **kwargs)
 
     def prepare_for_backward(self, module: nn.Module, output: Any) -> None:
@@ -202,6 +241,13 @@ class Strategy:
         if checkpoint_io.is_sharded(path):
             checkpoint_io.load_sharded(path / checkpoint_io.SHARDED_DIR, models, optimizers, strict=strict)
             return
+        if optimizers and (path / checkpoint_io.DEEPSPEED_DIR).is_dir():
+            raise checkpoint_io.CheckpointError(
+                f"checkpoint {str(path)!r} holds DeepSpeed engine states, which only strategy='deepspeed' resumes (its "
+                f"optimizer states are partitioned by DeepSpeed); this run uses strategy={self.name!r}. Resume it with "
+                "strategy='deepspeed', or start from its weights alone (model.safetensors: TrainModule.load_from_checkpoint, "
+                "or Accelerator.load_state with only the model prepared)"
+            )
         for i, model in enumerate(models):
             state = checkpoint_io.load_safetensors(path / checkpoint_io.indexed("model", i, "safetensors"))
             self.load_module_state_dict(model, state, strict=strict)
@@ -224,7 +270,7 @@ def user_class(module: nn.Module) -> type:
     return cls
 
 
-_WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"}
+_WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"}
 
 
 def best_device(*, cpu: bool = False, local_rank: int = 0) -> torch.device:

@@ -474,6 +474,7 @@ def parse_size(size: int | str) -> int:
 # Sharded states (torch.distributed.checkpoint) ------------------------------------------------------------
 
 SHARDED_DIR = "sharded"
+DEEPSPEED_DIR = "deepspeed"  # the DeepSpeed engine's own checkpoint (strategies.deepspeed), next to model.safetensors
 
 
 def is_sharded(directory: Path) -> bool:

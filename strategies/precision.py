@@ -162,5 +162,45 @@ class FSDPPrecision(Precision):
         return contextlib.nullcontext()
 
 
+class DeepSpeedPrecision(Precision):
+    """Mixed precision inside the DeepSpeed engine: the engine keeps the module in bf16 (its optimizer keeps
+    float32 master weights) and scales fp16 losses itself, so no autocast and no scaler run here.
+
+    The module's forward casts floating-point inputs to the module's dtype and returns float32 outputs, so a
+    float32 batch and a float32 loss work unchanged (Lightning's DeepSpeed precision does the same).
+    """
+
+    def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
+        super().__init__(mode, device)
+        self.scaler = None
+
+    def engine_config(self) -> dict[str, Any]:
+        """The ``bf16``/``fp16`` sections of a DeepSpeed config for this mode."""
+        return {"bf16": {"enabled": self.mode == "bf16"}, "fp16": {"enabled": self.mode == "fp16"}}
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        if self.dtype is None or getattr(module.forward, "_trainwright_autocast", False):
+            return module
+        original, dtype = module.forward, self.dtype
+
+        def cast(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            output = original(*apply_to_tensors(cast, args), **apply_to_tensors(cast, kwargs))
+            return apply_to_tensors(_to_fp32, output)
+
+        forward._trainwright_autocast = True  # type: ignore[attr-defined]
+        module.forward = forward
+        return module
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

@@ -21,6 +21,7 @@ _EXPORTS = {
     "DistributedType": "trainer.accelerator.config",
     "DistributedDataParallelKwargs": "trainer.accelerator.config",
     "DDPKwargs": "trainer.accelerator.config",
+    "DeepSpeedPlugin": "trainer.accelerator.config",
     "Trainer": "trainer.fit.trainer",
     "TrainModule": "trainer.fit.module",
     "DataModule": "trainer.fit.datamodule",

@@ -153,6 +153,10 @@ def _multi_node_rdzv(
     }
 
 
+def _xla_worker(index: int, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    function(*args)
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -199,6 +203,15 @@ def notebook_launcher(
     _refuse_inside_workers("notebook_launcher")
     settings = LaunchSettings(num_processes=num_processes, mixed_precision=mixed_precision)  # per node here
     env = worker_environment(settings)
+    from strategies.xla import xla_device_present
+
+    if xla_device_present():  # a TPU notebook (Colab, Kaggle, a TPU VM): torch_xla's own launcher, as Accelerate
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        env = {k: v for k, v in env.items() if k != "TRAINWRIGHT_LAUNCHED"} | {"TRAINWRIGHT_STRATEGY": "xla"}
+        with patched_environ(env):
+            xmp.spawn(_xla_worker, args=(function, tuple(args)), nprocs=1 if num_processes == 1 else None, start_method="fork")
+        return
     if num_processes is None:
         import torch
 

@@ -14,6 +14,7 @@ from strategies.collectives import broadcast, broadcast_object, gather, gather_o
 from trainer.accelerator.config import (
     DataLoaderConfiguration,
     DDPKwargs,
+    DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     DistributedType,
     GradientAccumulationPlugin,
@@ -69,6 +70,7 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
 __all__ = [
     "DDPKwargs",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "GradientAccumulationPlugin",

@@ -99,3 +99,13 @@ def test_without_on_nonfinite_nan_trains_on_as_in_lightning(tmp_path: Path) -> N
     module = Exploding()
     Trainer(project_dir=tmp_path, max_epochs=1, **QUIET).fit(module, _loader(16))
     assert not all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+def test_accelerator_mixed_precision_conflicting_with_a_strategy_instance_is_refused() -> None:
+    """Was silently ignored: the instance kept its own precision and the run trained in float32."""
+    from strategies import SingleDeviceStrategy
+    from trainer import Accelerator
+
+    with pytest.raises(ValueError, match=r"mixed_precision='bf16' but the SingleDeviceStrategy passed was built with precision='no'"):
+        Accelerator(strategy=SingleDeviceStrategy(cpu=True), mixed_precision="bf16")
+    assert Accelerator(strategy=SingleDeviceStrategy(cpu=True, precision="bf16"), mixed_precision="bf16-mixed").mixed_precision == "bf16"

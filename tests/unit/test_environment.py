@@ -1,3 +1,5 @@
+import importlib.util
+
 import pytest
 
 import strategies
@@ -53,8 +55,36 @@ def test_auto_picks_ddp_when_distributed():
 def test_unknown_and_unavailable_strategies():
     with pytest.raises(ValueError, match="strategy='dpp' is not known"):
         strategies.resolve_strategy("dpp")
-    with pytest.raises(NotImplementedError, match="deepspeed"):
-        strategies.resolve_strategy("deepspeed")
+    with pytest.raises(NotImplementedError, match="FSDP1"):
+        strategies.resolve_strategy("fsdp1")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="checks the error of a machine without torch_xla")
+def test_xla_without_torch_xla_names_the_fix(monkeypatch):
+    """torch_xla is not installed here (it needs its own torch build): every way of asking for XLA says what to install."""
+    from strategies.xla import xla_device_present
+    from trainer import Accelerator, Trainer
+
+    for name in ("xla", "tpu"):
+        with pytest.raises(ImportError, match=r"strategy='xla' needs torch_xla built for torch .*torch_xla\[tpu\]"):
+            strategies.resolve_strategy(name)
+    with pytest.raises(ImportError, match=r"needs torch_xla"):
+        Accelerator(strategy="xla")
+    with pytest.raises(ImportError, match=r"needs torch_xla"):
+        Trainer(accelerator="tpu", logger=False)
+    with pytest.raises(ValueError, match=r"accelerator='tpu' runs strategy='xla', but strategy='ddp' was passed"):
+        Trainer(accelerator="tpu", strategy="ddp", logger=False)
+    # "auto" picks XLA only when a device is announced *and* torch_xla is importable
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    assert not xla_device_present()
+    assert isinstance(strategies.resolve_strategy("auto", cpu=True), strategies.SingleDeviceStrategy)
+    assert xla_device_present({}) is False
+
+
+def test_distributed_type_keeps_accelerates_tpu_alias():
+    from trainer.utils import DistributedType
+
+    assert DistributedType.TPU is DistributedType.XLA and DistributedType("XLA") is DistributedType.TPU
 
 
 def test_timeout(monkeypatch):

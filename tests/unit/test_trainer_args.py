@@ -15,7 +15,7 @@ QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_mo
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"strategy": "fsdp3"}, ValueError, "strategy='fsdp3' is not known; choose one of 'auto', 'ddp', 'deepspeed', 'fsdp'"),
+        ({"strategy": "fsdp3"}, ValueError, "strategy='fsdp3' is not known; choose one of 'auto', 'ddp', 'deepspeed', 'deepspeed_stage_1'"),
         ({"devices": 0}, ValueError, "devices=0 must be 'auto' or a positive int"),
         ({"devices": "2"}, ValueError, "devices='2'"),
         ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs one process but devices=2"),
@@ -113,7 +113,7 @@ def test_lightning_argument_names(tmp_path: Any) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"accelerator": "tpu"}, NotImplementedError, "accelerator='tpu' is not available in this release"),
+        ({"accelerator": "tpu", "strategy": "fsdp"}, ValueError, "accelerator='tpu' runs strategy='xla', but strategy='fsdp' was passed"),
         ({"accelerator": "abacus"}, ValueError, "accelerator='abacus' is not supported; choose one of 'auto', 'cpu'"),
         ({"default_root_dir": "a", "project_dir": "b"}, ValueError, "default_root_dir='a' and project_dir='b' name two directories"),
         ({"logger": True, "log_with": "tensorboard"}, ValueError, "logger=True and log_with='tensorboard' both choose trackers"),

@@ -34,7 +34,14 @@ from strategies.collectives import apply_to_tensors
 from strategies.environment import detect_environment, env_flag, env_setting
 from strategies.precision import normalize_precision
 from trainer.accelerator import state as accelerator_state
-from trainer.accelerator.config import DataLoaderConfiguration, DDPKwargs, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
+from trainer.accelerator.config import (
+    DataLoaderConfiguration,
+    DDPKwargs,
+    DeepSpeedPlugin,
+    DistributedType,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 
 _UNSET: Any = object()
@@ -61,6 +68,7 @@ class Accelerator:
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer really stepped.
         process_group_timeout: seconds a collective may wait for a missing rank before failing the job.
         kwargs_handlers: `DDPKwargs` objects (Accelerate's ``DistributedDataParallelKwargs``).
+        deepspeed_plugin: a `DeepSpeedPlugin` (Accelerate's): runs `strategies.DeepSpeedStrategy` with its settings.
     """
 
     def __init__(
@@ -82,7 +90,14 @@ class Accelerator:
         step_scheduler_with_optimizer: bool = True,
         process_group_timeout: float | None = None,
         kwargs_handlers: list[Any] | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
     ) -> None:
+        if isinstance(strategy, Strategy) and mixed_precision is not None and normalize_precision(mixed_precision) != strategy.precision.mode:
+            raise ValueError(
+                f"mixed_precision={mixed_precision!r} but the {type(strategy).__name__} passed was built with precision="
+                f"{strategy.precision.mode!r}, which it keeps; pass precision={normalize_precision(mixed_precision)!r} to the "
+                "strategy, or leave mixed_precision out"
+            )
         mixed_precision = normalize_precision(mixed_precision or env_setting("MIXED_PRECISION", "no"))
         cpu = bool(env_flag("CPU")) if cpu is None else bool(cpu)
         self.gradient_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
@@ -95,8 +110,16 @@ class Accelerator:
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
         ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
+        if deepspeed_plugin is not None:
+            if strategy not in (None, "deepspeed"):
+                raise ValueError(f"deepspeed_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='deepspeed')")
+            from strategies.deepspeed import DeepSpeedStrategy
+
+            strategy = DeepSpeedStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
+                                         **deepspeed_plugin.strategy_kwargs())
         self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
         self.strategy.setup_environment()
+        self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
         self.device_placement = device_placement
         self.rng_types = rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -146,8 +169,9 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        if self.strategy.name == "fsdp":
-            return DistributedType.FSDP
+        named = {"fsdp": DistributedType.FSDP, "deepspeed": DistributedType.DEEPSPEED, "xla": DistributedType.XLA}
+        if self.strategy.name in named:
+            return named[self.strategy.name]
         if self.num_processes == 1:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
@@ -208,20 +232,15 @@ class Accelerator:
                     "prepare() takes models, optimizers, LR schedulers and torch.utils.data.DataLoader objects",
                     stacklevel=2,
                 )
-        for obj in args:
-            if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)) and not _is_scheduler(obj):
-                warnings.warn(
-                    f"prepare() got a {type(obj).__name__} ({obj!r:.60}), which it does not prepare; it is returned unchanged. "
-                    "prepare() takes models, optimizers, LR schedulers and torch.utils.data.DataLoader objects",
-                    stacklevel=2,
-                )
         # Models first: optimizers must see the parameters after they moved to the device.
         out: list[Any] = list(args)
+        if self.strategy.joint_setup:
+            self._prepare_jointly(args, out, placements)
         for i, obj in enumerate(args):
-            if isinstance(obj, nn.Module):
+            if isinstance(obj, nn.Module) and out[i] is obj:
                 out[i] = self.prepare_model(obj, device_placement=placements[i])
         for i, obj in enumerate(args):
-            if isinstance(obj, torch.optim.Optimizer):
+            if isinstance(obj, torch.optim.Optimizer) and out[i] is obj:
                 out[i] = self.prepare_optimizer(obj)
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
@@ -229,6 +248,34 @@ class Accelerator:
             elif isinstance(obj, torch.utils.data.DataLoader):
                 out[i] = self.prepare_data_loader(obj, device_placement=placements[i])
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _prepare_jointly(self, args: tuple[Any, ...], out: list[Any], placements: list[bool]) -> None:
+        """Set up the model and its optimizer in one strategy call (DeepSpeed's engine builds both at once)."""
+        models = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
+        optimizers = [i for i, obj in enumerate(args) if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer)]
+        if not models:
+            if optimizers:
+                self.strategy.setup_optimizer(args[optimizers[0]])  # raises: the optimizer needs its model in this call
+            return
+        if len(models) > 1:
+            raise ValueError(
+                f"strategy={self.strategy.name!r} drives one model per Accelerator, but prepare() got {len(models)}; "
+                "combine them into one nn.Module, or prepare the others with accelerator.prepare_model(m, evaluation_mode=True)"
+            )
+        loaders = [obj for obj in args if isinstance(obj, torch.utils.data.DataLoader) and obj.batch_size]
+        batch_size = None
+        if loaders:
+            batch_size = int(loaders[0].batch_size or 1) // (self.num_processes if self.split_batches else 1) or 1
+        i = models[0]
+        wrapped, prepared = self.strategy.setup_module_and_optimizers(
+            args[i], [args[j] for j in optimizers], move=placements[i] is not False, batch_size=batch_size
+        )
+        self.strategy.precision.convert_module(self.strategy.unwrap_module(wrapped))
+        self._models.append(wrapped)
+        out[i] = wrapped
+        for j, optimizer in zip(optimizers, prepared):
+            out[j] = PreparedOptimizer(optimizer, self, original=args[j])
+            self._optimizers.append(out[j])
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
         """Place `model` on the device and wrap it for the strategy (DDP, FSDP); ``evaluation_mode`` skips the wrapping.
@@ -251,7 +298,7 @@ class Accelerator:
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         if isinstance(scheduler, PreparedScheduler):
             return scheduler
-        prepared = PreparedScheduler(scheduler, self, [o for o in self._optimizers if o.optimizer is scheduler.optimizer])
+        prepared = PreparedScheduler(scheduler, self, [o for o in self._optimizers if o.steps(scheduler.optimizer)])
         self._schedulers.append(prepared)
         return prepared
 
@@ -299,9 +346,7 @@ class Accelerator:
                 f"backward needs a scalar loss, got a tensor of shape {tuple(loss.shape)}; reduce it first (e.g. loss.mean() "
                 "or loss.sum()), or pass gradient= for a non-scalar backward"
             )
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        self.strategy.backward(loss, **kwargs)
+        self.strategy.backward(loss, accumulation_steps=self.gradient_accumulation_steps, boundary=self.sync_gradients, **kwargs)
 
     def _active_dataloader(self) -> Any:
         for loader in reversed(self._dataloaders):

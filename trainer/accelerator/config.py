@@ -18,6 +18,7 @@ class DistributedType(str, enum.Enum):
     FSDP = "FSDP"
     DEEPSPEED = "DEEPSPEED"
     XLA = "XLA"
+    TPU = "XLA"  # noqa: PIE796  (Accelerate's old name: an alias, so `distributed_type == DistributedType.TPU` still works)
 
 
 @dataclass
@@ -94,3 +95,53 @@ class DDPKwargs:
 
 
 DistributedDataParallelKwargs = DDPKwargs
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """Accelerate's DeepSpeed settings (``Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))``), mapped onto
+    `strategies.DeepSpeedStrategy`; ``hf_ds_config`` is a DeepSpeed config dict or JSON file path.
+
+    ``zero3_init_flag=True`` (building the model already partitioned) is refused: the model is partitioned when
+    prepared. ``zero3_save_16bit_model`` needs no flag: ``save_model`` always writes the consolidated float32 weights.
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | None = None
+    gradient_clipping: float | None = None
+    zero_stage: int | None = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    transformer_moe_cls_names: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.zero3_init_flag:
+            raise ValueError(
+                "zero3_init_flag=True (constructing the model partitioned) is not supported: the model is partitioned when "
+                "prepared; leave zero3_init_flag unset"
+            )
+        if self.transformer_moe_cls_names:
+            raise ValueError("transformer_moe_cls_names (DeepSpeed MoE leaf modules) is not supported; leave it unset")
+        for name in ("offload_optimizer_device", "offload_param_device"):
+            value = getattr(self, name)
+            if value not in (None, "none", "cpu", "nvme"):
+                raise ValueError(f"{name}={value!r} must be 'none', 'cpu' or 'nvme'")
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `DeepSpeedStrategy` (its ``config`` carries the offload devices and accumulation steps)."""
+        from strategies.deepspeed import load_config
+
+        config = load_config(self.hf_ds_config)
+        zero = config.setdefault("zero_optimization", {})
+        for key, device, path in (("offload_optimizer", self.offload_optimizer_device, self.offload_optimizer_nvme_path),
+                                  ("offload_param", self.offload_param_device, self.offload_param_nvme_path)):
+            if device not in (None, "none"):
+                zero[key] = {"device": device, **({"nvme_path": path} if path else {})}
+        if self.gradient_accumulation_steps is not None:
+            config["gradient_accumulation_steps"] = self.gradient_accumulation_steps
+        return {"config": config, "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping}

@@ -14,10 +14,15 @@ class PreparedOptimizer(torch.optim.Optimizer):
     It is an `Optimizer` (so schedulers can be built on it) that forwards everything to the wrapped one.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any, original: torch.optim.Optimizer | None = None) -> None:
         self.optimizer = optimizer
+        self.original = optimizer if original is None else original  # what the user passed (an engine may wrap it)
         self.accelerator = accelerator
         self.step_was_skipped = False
+
+    def steps(self, optimizer: Any) -> bool:
+        """Whether `optimizer` (as a scheduler holds it) is this one, the one it wraps, or the one the user passed."""
+        return optimizer is self or optimizer is self.optimizer or optimizer is self.original
 
     @property
     def state(self) -> Any:  # type: ignore[override]
@@ -95,7 +100,8 @@ class PreparedScheduler:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
-        for _ in range(1 if acc.split_batches else acc.num_processes):
+        # an engine strategy (DeepSpeed) steps the schedule once per optimizer step, as Accelerate's engine does
+        for _ in range(1 if acc.split_batches or acc.strategy.steps_in_backward else acc.num_processes):
             total = getattr(self.scheduler, "total_steps", None)
             if total is None or self.scheduler._step_count <= total:
                 self.scheduler.step(*args, **kwargs)

@@ -276,6 +276,8 @@ def check_strategy_name(name: str) -> None:
 def launch_settings(settings: LaunchSettings, script: str, script_args: Sequence[str] = (), *, module: bool = False) -> int:
     """Launch ``script`` (or module) under ``settings``; return the job's exit code."""
     check_strategy_name(settings.strategy)
+    if settings.strategy.lower() in ("xla", "tpu"):
+        return run_xla(settings, script, script_args, module=module)
     total = total_processes(settings)
     where = "CPU" if settings.cpu else "auto device"
     print(
@@ -285,6 +287,39 @@ def launch_settings(settings: LaunchSettings, script: str, script_args: Sequence
         flush=True,
     )
     return run_elastic(settings, torchrun_arguments(settings, script, script_args, module=module))
+
+
+def run_xla(settings: LaunchSettings, script: str, script_args: Sequence[str] = (), *, module: bool = False) -> int:
+    """XLA devices start through torch_xla's own launcher (``xmp.spawn``): one process per local device (or one
+    with ``--num_processes 1``), each running the script as ``__main__``. On a multi-host pod, run the same
+    command on every host; torch_xla's runtime joins them."""
+    from strategies.xla import import_xla
+
+    import_xla()  # an ImportError naming the fix when torch_xla is missing or built for another torch
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    if settings.num_machines > 1:
+        raise ValueError(
+            f"--num_machines {settings.num_machines} with strategy='xla': run the same `trainer launch` on every host of "
+            "the TPU pod instead; torch_xla's runtime joins the hosts"
+        )
+    env = {k: v for k, v in worker_environment(settings).items() if k != "TRAINWRIGHT_LAUNCHED"}
+    env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE", "TPU")
+    print(f"trainer launch: torch_xla launcher [strategy=xla, mixed_precision={settings.mixed_precision}]", file=sys.stderr, flush=True)
+    with patched_environ(env):
+        xmp.spawn(_run_as_main, args=(script, list(script_args), module), nprocs=1 if settings.num_processes == 1 else None)
+    return 0
+
+
+def _run_as_main(index: int, script: str, script_args: list[str], module: bool) -> None:
+    """One XLA worker: the script (or module) as ``__main__`` with its arguments."""
+    import runpy
+
+    sys.argv = [script, *script_args]
+    if module:
+        runpy.run_module(script, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(script, run_name="__main__")
 
 
 def add_launch_parser(subparsers: Any) -> None:

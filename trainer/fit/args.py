@@ -14,7 +14,8 @@ from typing import Any
 
 from callbacks.base import Callback
 
-_LAUNCHABLE = ("auto", "ddp", "fsdp", "fsdp2")  # strategies `fit` may start processes for from a plain python run
+_LAUNCHABLE = ("auto", "ddp", "fsdp", "fsdp2", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload",
+               "deepspeed_stage_3", "deepspeed_stage_3_offload")  # strategies `fit` may start processes for from a plain python run
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
     from strategies import STRATEGIES, Strategy, normalize_precision
 
-    kw = _fast_dev_run(kw)
+    kw = _lightning_names(_fast_dev_run(kw))
     strategy = kw["strategy"]
     if not isinstance(strategy, Strategy):
         if not isinstance(strategy, str) or strategy.lower() not in STRATEGIES:
@@ -132,7 +133,6 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise TypeError(f"default_root_dir={kw['default_root_dir']!r} must be a path (str or os.PathLike)")
     if not isinstance(kw["project_dir"], (str, os.PathLike)):
         raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
-    kw = _lightning_names(kw)
     if kw["on_nonfinite"] not in (None, "skip", "stop"):
         raise ValueError(f"on_nonfinite={kw['on_nonfinite']!r} must be None, 'skip' or 'stop'")
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
@@ -180,8 +180,11 @@ def _lightning_names(kw: dict[str, Any]) -> dict[str, Any]:
     mps = getattr(torch.backends, "mps", None)
     if accelerator == "mps" and not (mps is not None and mps.is_available()):
         raise RuntimeError("accelerator='mps' but MPS is not available here; use accelerator='cpu' or 'auto'")
-    if accelerator == "tpu":
-        raise NotImplementedError("accelerator='tpu' is not available in this release (TPU/XLA support is planned); use 'cpu' or 'gpu'")
+    if accelerator == "tpu":  # Lightning's name for the XLA strategy's device
+        if kw["strategy"] == "auto":
+            kw["strategy"] = "xla"
+        elif getattr(kw["strategy"], "name", kw["strategy"]) not in ("xla", "tpu"):
+            raise ValueError(f"accelerator='tpu' runs strategy='xla', but strategy={kw['strategy']!r} was passed; pass strategy='xla' or 'auto'")
     kw["accelerator"] = accelerator
     root = kw.pop("default_root_dir")
     if root is not None:
@@ -208,7 +211,12 @@ def _needs_launch(strategy: Any, devices: Any) -> bool:
                 f"({cluster.source}); pass devices={cluster.local_world_size} or devices='auto'"
             )
         return False
-    return _is_int(devices) and devices > 1 and strategy in _LAUNCHABLE
+    return _is_int(devices) and devices > 1 and _strategy_name(strategy) in _LAUNCHABLE
+
+
+def _strategy_name(strategy: Any) -> str:
+    """The registry name of a strategy given by name or as an instance (which each launched process builds anew)."""
+    return str(getattr(strategy, "name", strategy))
 
 
 def build_accelerator(args: TrainerArgs) -> Any:
@@ -253,7 +261,7 @@ def launch_processes(args: TrainerArgs) -> None:
     """Re-run the current script on ``args.devices`` DDP processes (a plain ``python script.py`` with ``devices > 1``)."""
     from trainer.launchers import launch_current_script
 
-    settings: dict[str, Any] = {"strategy": "ddp" if args.strategy == "auto" else args.strategy}
+    settings: dict[str, Any] = {"strategy": "ddp" if args.strategy == "auto" else _strategy_name(args.strategy)}
     if args.precision is not None:
         settings["mixed_precision"] = args.precision
     if args.accelerator == "cpu":

@@ -36,7 +36,7 @@ class Trainer:
     ``max_epochs`` nor ``max_steps`` is given, training stops after 1000 epochs (as in Lightning).
 
     Args:
-        strategy: ``"auto"``, ``"single"`` or ``"ddp"``.
+        strategy: ``"auto"``, ``"single"``, ``"ddp"``, ``"fsdp"``, ``"deepspeed"`` (or ``"deepspeed_stage_3"``, ...) or a `Strategy`.
         devices: ``"auto"`` or the number of processes on this machine. ``strategy="ddp", devices=2`` in a plain
             ``python script.py`` re-runs the script on 2 processes when ``fit`` is called.
         precision: ``32``/``"32-true"``/``"no"``, ``16``/``"16-mixed"``/``"fp16"``, ``"bf16-mixed"``/``"bf16"``
@@ -362,7 +362,14 @@ class Trainer:
 
     def _configure_optimizers(self, module: TrainModule) -> None:
         """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
-        if self._prepared_for != id(module):
+        strategy = self.accelerator.strategy
+        joint = strategy.joint_setup  # an engine (DeepSpeed) takes the module and its optimizer in one setup
+        if joint and self._prepared_for == id(module):
+            raise RuntimeError(
+                f"strategy={strategy.name!r} set this module up in an earlier fit; its engine cannot take new optimizers. "
+                "Use a new Trainer and a fresh module (or TrainModule.load_from_checkpoint) for another fit"
+            )
+        if not joint and self._prepared_for != id(module):
             self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         optimizers, configs = parse_optimizers(module.configure_optimizers())
         if module.automatic_optimization and len(optimizers) != 1:
@@ -370,7 +377,13 @@ class Trainer:
                 f"automatic optimization needs exactly one optimizer, configure_optimizers returned {len(optimizers)}; "
                 "set self.automatic_optimization = False and step them in training_step (see docs/trainer.md)"
             )
-        self.optimizers = [self.accelerator.prepare_optimizer(o) for o in optimizers]
+        if joint:
+            strategy.agree_clipping(self.gradient_clip_val, self.gradient_clip_algorithm)
+            prepared = self.accelerator.prepare(module, *optimizers)
+            self._model, self._prepared_for = prepared[0], id(module)
+            self.optimizers = list(prepared[1:])
+        else:
+            self.optimizers = [self.accelerator.prepare_optimizer(o) for o in optimizers]
         for config in configs:  # prepared so that checkpoints hold their state; stepped by the loop itself
             self.accelerator.prepare_scheduler(config.scheduler)
         self.lr_scheduler_configs = configs
@@ -389,7 +402,10 @@ class Trainer:
         loader = self._eval_loader(loops.loader_from(module, kind, dataloaders, required=True))
         limit = loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches"))
         setattr(self, f"num_{kind}_batches", limit)
-        if self._prepared_for != id(module):
+        if self._prepared_for != id(module) and self.accelerator.strategy.joint_setup:
+            # before any fit: an engine set up now could not take the optimizers of a later fit, so evaluate the plain module
+            self._model = self.accelerator.strategy.setup_module(module, wrap=False)
+        elif self._prepared_for != id(module):
             self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         if ckpt_path is not None:
             self._load_weights(ckpt_path)

@@ -1,6 +1,6 @@
-"""FSDP resume after ``kill -9`` on 2 processes: a rank SIGKILLed mid-epoch, the job restarted with
-``fit(ckpt_path="last")``, ends with the same weights, bit for bit, as a run never interrupted. Each phase
-is a real ``torchrun`` job (``python -m tests.distributed.test_fsdp_resume_kill``).
+"""Resume after ``kill -9`` on 2 processes under the sharding strategies (FSDP, DeepSpeed ZeRO 2 and 3): a rank
+SIGKILLed mid-epoch, the job restarted with ``fit(ckpt_path="last")``, ends with the same weights, bit for bit,
+as a run never interrupted. Each phase is a real ``torchrun`` job (``python -m tests.distributed.test_sharded_resume_kill``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,26 @@ REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS, EVERY, KILL_AT = 9, 3, 5
 
 
-def _phase(root: Path, kill_at_step: int) -> subprocess.CompletedProcess:
+def _phase(root: Path, kill_at_step: int, strategy: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "tests.distributed.test_fsdp_resume_kill", str(root), str(kill_at_step)]
+           "-m", "tests.distributed.test_sharded_resume_kill", str(root), str(kill_at_step), strategy]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
 
 
+# each rank's own files in the checkpoint: FSDP's DCP shards, DeepSpeed's optimizer partitions
+SHARD_FILES = {
+    "fsdp": {"sharded/__0_0.distcp", "sharded/__1_0.distcp"},
+    "deepspeed_stage_2": {f"deepspeed/state/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)},
+    "deepspeed_stage_3": {f"deepspeed/state/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)},
+}
+
+
 @pytest.mark.timeout(600)
-def test_fsdp_kill_mid_epoch_then_resume_is_bit_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", sorted(SHARD_FILES))
+def test_kill_mid_epoch_then_resume_is_bit_exact(strategy: str, tmp_path: Path) -> None:
+    if strategy.startswith("deepspeed"):
+        pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed: pip install -e '.[deepspeed]'")
     import torch
     from safetensors.torch import load_file
 
@@ -39,13 +50,14 @@ def test_fsdp_kill_mid_epoch_then_resume_is_bit_exact(tmp_path: Path) -> None:
 
     straight, run = tmp_path / "straight", tmp_path / "run"
     straight.mkdir(), run.mkdir()
-    assert _phase(straight, 0).returncode == 0
-    killed = _phase(run, KILL_AT)
+    first = _phase(straight, 0, strategy)
+    assert first.returncode == 0, first.stderr[-3000:]
+    killed = _phase(run, KILL_AT, strategy)
     assert killed.returncode != 0 and not (run / "final.safetensors").exists(), killed.stderr[-3000:]
     last = find_last_checkpoint(run / "ckpts")
     assert last is not None and verify_checkpoint(last)["global_step"] == 3
-    assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (last / "sharded").iterdir()}
-    resumed = _phase(run, 0)
+    assert SHARD_FILES[strategy] <= set(verify_checkpoint(last)["files"])
+    resumed = _phase(run, 0, strategy)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     report = json.loads((run / "report.json").read_text())
     assert report == {"global_step": TOTAL_STEPS, "first_step_resumed": 4}
@@ -54,8 +66,8 @@ def test_fsdp_kill_mid_epoch_then_resume_is_bit_exact(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------- the training job
-def main(root: Path, kill_at_step: int) -> None:
-    """Train to TOTAL_STEPS with FSDP and a checkpoint every EVERY steps, resuming from "last"; rank 0 may die."""
+def main(root: Path, kill_at_step: int, strategy: str) -> None:
+    """Train to TOTAL_STEPS with `strategy` and a checkpoint every EVERY steps, resuming from "last"; rank 0 may die."""
     from safetensors.torch import save_file
 
     from callbacks.base import Callback
@@ -78,7 +90,7 @@ def main(root: Path, kill_at_step: int) -> None:
     first = FirstStep()
     resuming = (root / "ckpts").is_dir()
     module, trainer, _ = run_fit(
-        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=99 if resuming else 1, strategy="fsdp",
+        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=99 if resuming else 1, strategy=strategy,
         extra_callbacks=(Killer(), first) if kill_at_step else (first,),
     )
     full = trainer.strategy.module_state_dict(module)
@@ -88,4 +100,4 @@ def main(root: Path, kill_at_step: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,407 @@
+"""DeepSpeed ZeRO stages 1-3, on the `deepspeed` package (``pip install 'trainwright[deepspeed]'``).
+
+DeepSpeed's engine owns the model, the optimizer step, gradient accumulation, clipping and its mixed
+precision. So this strategy sets the module and its optimizer up together (one ``deepspeed.initialize``),
+and `backward` on an accumulation boundary is the engine's backward *and* step; the face's
+``optimizer.step()`` then only reports whether the engine stepped.
+
+    accelerator = Accelerator(strategy=DeepSpeedStrategy(zero_stage=3, offload_optimizer=True))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)   # one call, as Accelerate
+
+    trainer = Trainer(strategy="deepspeed", devices=2, accumulate_grad_batches=4, gradient_clip_val=1.0)
+
+The face's accumulation steps, clipping and precision are written into the DeepSpeed config (a user's
+config dict or JSON file may set them too; ``"auto"`` values are filled from ours, and two different values
+are an error naming both). Checkpoints hold the engine's own files (``deepspeed/``) plus the consolidated
+float32 weights (``model.safetensors``), loadable by any strategy and by plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from strategies import checkpoint_io
+from strategies.base import Strategy, best_device
+from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
+from strategies.precision import DeepSpeedPrecision, normalize_precision
+from strategies.process_group import join_process_group, leave_process_group
+
+INSTALL_HINT = "pip install 'trainwright[deepspeed]' (or pip install deepspeed)"
+_TAG = "state"  # the engine's checkpoint tag inside our directory: one engine checkpoint per directory
+_AUTO = "auto"
+_UNSET: Any = object()
+
+
+def import_deepspeed(device: torch.device) -> Any:
+    """Import `deepspeed` for `device` (``DS_ACCELERATOR`` must be set before the import on a CPU machine)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if device.type == "cpu" else device.type)
+    try:
+        import deepspeed
+    except ImportError as err:
+        raise ImportError(f"strategy='deepspeed' needs the deepspeed package, which is not installed: {INSTALL_HINT}") from err
+    return deepspeed
+
+
+def load_config(config: dict[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:
+    """A copy of a DeepSpeed config given as a dict or a JSON file path (``{}`` for None)."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    if not isinstance(config, (str, os.PathLike)):
+        raise TypeError(f"config must be a dict or the path of a DeepSpeed JSON config, got {type(config).__name__}")
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"DeepSpeed config file {str(path)!r} does not exist; pass an existing JSON file or a dict")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"DeepSpeed config file {str(path)!r} is not valid JSON ({err}); fix the file or pass a dict") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"DeepSpeed config file {str(path)!r} holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
+def _agree(what: str, ours: Any, theirs: Any, default: Any) -> Any:
+    """One value from our argument and the config's: either may be unset (``_UNSET``/``"auto"``); a conflict is an error."""
+    if theirs is _UNSET or theirs == _AUTO:
+        return default if ours is _UNSET else ours
+    if ours is _UNSET or ours == theirs:
+        return theirs
+    raise ValueError(
+        f"{what} is {ours!r} here but {theirs!r} in the DeepSpeed config; set it in one place only "
+        f"(or set it to 'auto' in the config to take {ours!r})"
+    )
+
+
+class DeepSpeedStrategy(Strategy):
+    """ZeRO data parallelism through DeepSpeed's engine.
+
+    Args:
+        cluster: the process layout (detected from the environment by default).
+        cpu: force CPU (gloo) even when GPUs are present.
+        precision: ``"no"`` or ``"bf16"`` (``"fp16"`` on GPUs only): the engine's own mixed precision, float32 master weights.
+        timeout: process-group timeout in seconds (as for DDP).
+        zero_stage: 1 (optimizer states sharded), 2 (and gradients; the default, as Lightning and Accelerate),
+            3 (and parameters), or 0 (plain data parallel through the engine).
+        offload_optimizer: keep optimizer states (and the step) in CPU memory.
+        offload_parameters: keep parameters in CPU memory (stage 3 only).
+        gradient_clipping: clip the global gradient norm to this in the engine's step.
+        config: a DeepSpeed config dict or JSON file; the arguments above fill its ``"auto"`` and missing values.
+        backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
+        **unsupported: refused with a `TypeError` naming the supported arguments.
+    """
+
+    name = "deepspeed"
+    precision_class = DeepSpeedPrecision
+    precision: DeepSpeedPrecision
+    joint_setup = True
+    steps_in_backward = True
+
+    def __init__(
+        self,
+        *,
+        cluster: ClusterEnvironment | None = None,
+        cpu: bool = False,
+        precision: str = "no",
+        timeout: float | None = None,
+        zero_stage: int | None = None,
+        offload_optimizer: bool | None = None,
+        offload_parameters: bool | None = None,
+        gradient_clipping: float | None = None,
+        config: dict[str, Any] | str | os.PathLike[str] | None = None,
+        backend: str | None = None,
+        **unsupported: Any,
+    ) -> None:
+        if unsupported:
+            raise TypeError(
+                f"DeepSpeedStrategy got unsupported arguments {sorted(unsupported)}; it takes zero_stage, offload_optimizer, "
+                "offload_parameters, gradient_clipping, config, precision, cpu, timeout, backend"
+            )
+        if not dist.is_available():
+            raise RuntimeError("strategy='deepspeed' needs torch.distributed, which this torch build lacks; use strategy='single'")
+        cluster = detect_environment() if cluster is None else cluster
+        device = best_device(cpu=cpu, local_rank=cluster.local_rank)
+        self.config = load_config(config)
+        mode = self._agree_precision(normalize_precision(precision), device)
+        super().__init__(cluster=cluster, device=device, precision=mode)
+        zero = self.config.setdefault("zero_optimization", {})
+        if not isinstance(zero, dict):
+            raise ValueError(f"'zero_optimization' in the DeepSpeed config must be an object, got {zero!r}")
+        stage = _agree("zero_stage", _UNSET if zero_stage is None else zero_stage, zero.get("stage", _UNSET), 2)
+        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={stage!r} is not a ZeRO stage; choose 0, 1, 2 or 3")
+        zero["stage"] = self.zero_stage = int(stage)
+        self._offload(zero, "offload_optimizer", offload_optimizer)
+        self._offload(zero, "offload_param", offload_parameters)
+        if self.zero_stage != 3 and zero.get("offload_param", {}).get("device", "none") != "none":
+            raise ValueError(f"offload_parameters needs zero_stage=3 (parameters are not partitioned in stage {self.zero_stage}); set zero_stage=3")
+        clip = _agree("gradient_clipping", _UNSET if gradient_clipping is None else float(gradient_clipping), self.config.get("gradient_clipping", _UNSET), 0.0)
+        self.config["gradient_clipping"] = float(clip)
+        self.config.setdefault("steps_per_print", 2**31 - 1)  # the engine's own progress lines; our faces log
+        self.sharded = self.zero_stage == 3  # forward gathers parameters (a collective)
+        self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        self.timeout = process_group_timeout(timeout)
+        self.engine: Any = None
+        self._owns_group = False
+
+    # configuration ------------------------------------------------------------------------------------
+    def _agree_precision(self, mode: str, device: torch.device) -> str:
+        enabled = [name for name in ("bf16", "fp16") if self.config.get(name, {}).get("enabled") is True]
+        if len(enabled) > 1:
+            raise ValueError("the DeepSpeed config enables both bf16 and fp16; enable one")
+        if enabled and mode not in ("no", enabled[0]):
+            raise ValueError(f"mixed_precision is {mode!r} here but the DeepSpeed config enables {enabled[0]!r}; set it in one place only")
+        mode = enabled[0] if enabled else mode
+        if mode == "fp16" and device.type == "cpu":
+            raise ValueError("DeepSpeed runs fp16 only on GPUs; on CPU use mixed_precision='bf16' or 'no'")
+        return mode
+
+    @staticmethod
+    def _offload(zero: dict[str, Any], key: str, ours: bool | None) -> None:
+        section = zero.get(key)
+        theirs = _UNSET if section is None else section.get("device", "none") not in ("none", None)
+        wanted = _agree(key, _UNSET if ours is None else bool(ours), theirs, False)
+        if wanted and section is None:
+            zero[key] = {"device": "cpu"}
+        elif not wanted and section is None:
+            zero.pop(key, None)
+
+    def agree_accumulation(self, steps: int) -> int:
+        theirs = self.config.get("gradient_accumulation_steps", _AUTO)
+        if theirs == _AUTO:
+            self.config["gradient_accumulation_steps"] = steps
+            return steps
+        if isinstance(theirs, bool) or not isinstance(theirs, int) or theirs < 1:
+            raise ValueError(f"gradient_accumulation_steps={theirs!r} in the DeepSpeed config must be an int >= 1 or 'auto'")
+        if steps == 1:  # the face kept its default: the config decides
+            return theirs
+        return int(_agree("gradient_accumulation_steps", steps, theirs, steps))
+
+    def agree_clipping(self, value: float | None, algorithm: str = "norm") -> None:
+        """Take the Trainer's ``gradient_clip_val`` into the engine's config (DeepSpeed clips by norm only)."""
+        if value is None:
+            return
+        if algorithm != "norm":
+            raise ValueError(f"gradient_clip_algorithm={algorithm!r}: DeepSpeed clips by the global norm only; use 'norm'")
+        configured = self.config["gradient_clipping"]
+        if configured and configured != float(value):
+            raise ValueError(
+                f"gradient_clip_val is {value!r} but the DeepSpeed strategy clips to gradient_clipping={configured!r}; set it in one place only"
+            )
+        self.config["gradient_clipping"] = float(value)
+
+    def engine_config(self, batch_size: int | None) -> dict[str, Any]:
+        """The final config for ``deepspeed.initialize``."""
+        config = copy.deepcopy(self.config)
+        config.update(self.precision.engine_config())
+        if config.get("gradient_accumulation_steps", _AUTO) == _AUTO:
+            config["gradient_accumulation_steps"] = 1
+        if config.get("train_micro_batch_size_per_gpu", _AUTO) == _AUTO:
+            config["train_micro_batch_size_per_gpu"] = batch_size or 1  # only the engine's throughput reports use it
+        if config.get("train_batch_size") == _AUTO:
+            del config["train_batch_size"]
+        return config
+
+    # setup --------------------------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        if self.world_size == 1 and not dist.is_initialized():
+            # the engine needs a process group even for one process; an in-memory store needs no free port
+            dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
+            self._owns_group = True
+        else:
+            self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
+        import_deepspeed(self.device)
+
+    def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
+        if not wrap:
+            return module.to(self.device) if move else module
+        return self.setup_module_and_optimizers(module, [], move=move)[0]
+
+    def setup_module_and_optimizers(
+        self,
+        module: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        *,
+        move: bool = True,
+        batch_size: int | None = None,
+    ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
+        if self.engine is not None:
+            raise ValueError(
+                "strategy='deepspeed' drives one model per run (one DeepSpeed engine); a second model was prepared. "
+                "Combine them into one nn.Module, or prepare the second one with evaluation_mode=True"
+            )
+        if len(optimizers) > 1:
+            raise ValueError(
+                f"DeepSpeed's engine steps one optimizer, got {len(optimizers)}; put their parameters into one optimizer "
+                "as parameter groups"
+            )
+        config = self.engine_config(batch_size)
+        if not optimizers and "optimizer" not in config and self.zero_stage < 3:
+            # no optimizer (evaluation): below stage 3 nothing is partitioned, so the plain module runs as the engine would
+            module = module.to(self.device) if move else module
+            return (module if self.precision.dtype is None else module.to(self.precision.dtype)), []
+        if optimizers and "optimizer" in config:
+            raise ValueError(
+                "an optimizer was passed and the DeepSpeed config has an 'optimizer' section; use one: drop the section, "
+                "or pass no optimizer and let DeepSpeed build it"
+            )
+        deepspeed = import_deepspeed(self.device)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=module,
+            optimizer=optimizers[0] if optimizers else None,
+            model_parameters=[p for p in module.parameters() if p.requires_grad] if "optimizer" in config else None,
+            config=config,
+            dist_init_required=False,
+        )
+        self.engine = engine
+        return engine, [] if optimizer is None else [optimizer]
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        raise ValueError(
+            "strategy='deepspeed' sets up the model and its optimizer together (one DeepSpeed engine): pass both to the "
+            "same prepare() call, e.g. model, optimizer, loader = accelerator.prepare(model, optimizer, loader)"
+        )
+
+    def _engine(self) -> Any:
+        if self.engine is None:
+            raise RuntimeError("the DeepSpeed engine is not set up yet; prepare the model (with its optimizer) first")
+        return self.engine
+
+    # training -----------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, *, accumulation_steps: int = 1, boundary: bool = True, **kwargs: Any) -> None:
+        """The engine's backward (it divides by its accumulation steps); on a `boundary` also its step:
+        gradient reduction, clipping, optimizer step and zeroing."""
+        engine = self._engine()
+        engine.set_gradient_accumulation_boundary(boundary)
+        engine.backward(loss, **kwargs)
+        if boundary:
+            engine.step()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        """The engine stepped in `backward`; True unless it skipped the step (fp16 overflow)."""
+        return bool(self._engine().was_step_applied())
+
+    def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        deepspeed = import_deepspeed(self.device)
+        return deepspeed.zero.GatheredParameters(list(self.unwrap_module(module).parameters()))  # type: ignore[no-any-return]
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """The engine clipped in its step; returns the global norm it measured (before clipping).
+
+        DeepSpeed clips to the configured ``gradient_clipping`` only, so another `max_norm` is refused.
+        """
+        configured = self.config["gradient_clipping"]
+        if float(norm_type) != 2.0:
+            raise ValueError(f"norm_type={norm_type!r}: DeepSpeed clips by the 2-norm only; use norm_type=2")
+        if configured != float(max_norm):
+            raise ValueError(
+                f"DeepSpeed clips inside its engine step, to gradient_clipping={configured!r} from its config, so "
+                f"clip_grad_norm_(max_norm={max_norm!r}) cannot apply; pass DeepSpeedStrategy(gradient_clipping={max_norm!r}) "
+                "(or set 'gradient_clipping' in the DeepSpeed config)"
+            )
+        norm = self._engine().get_global_grad_norm()
+        return torch.as_tensor(0.0 if norm is None else norm, dtype=torch.float32).detach().cpu()
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        raise ValueError("DeepSpeed clips by the global gradient norm only, not by value; use clip_grad_norm_ with gradient_clipping set")
+
+    # checkpoints --------------------------------------------------------------------------------------
+    def module_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """Full float32 weights (the optimizer's master copies when there is one), on every rank. A collective."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        inner = self.unwrap_module(module)
+        by_name = dict(inner.named_parameters(remove_duplicate=False))
+        state: dict[str, torch.Tensor] = {}
+        for name, value in inner.state_dict(keep_vars=True).items():
+            param = by_name.get(name)
+            if param is None:
+                state[name] = value.detach().cpu()
+                continue
+            full = safe_get_full_fp32_param(param) if self.engine is not None and self.engine.optimizer is not None else None
+            if full is None:
+                with self._gathered([param]):
+                    full = param.detach().clone()
+            state[name] = full.detach().cpu()
+        return state
+
+    def _gathered(self, params: list[nn.Parameter], modifier_rank: int | None = None) -> AbstractContextManager[Any]:
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        deepspeed = import_deepspeed(self.device)
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)  # type: ignore[no-any-return]
+
+    def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load full weights (the same on every rank) into the engine's module and its master copies. A collective."""
+        inner = self.unwrap_module(module)
+        with self._gathered(list(inner.parameters()), modifier_rank=0):
+            inner.load_state_dict(state, strict=strict)
+        if self.engine is None or self.engine.optimizer is None:
+            return
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        for name, param in inner.named_parameters():
+            if name in state:
+                safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
+
+    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions) plus full float32 ``model.safetensors``."""
+        engine = self._engine()
+        states = [self.module_state_dict(m) for m in models]  # a collective: every rank
+        directory = writer.staging / checkpoint_io.DEEPSPEED_DIR
+        engine.save_checkpoint(str(directory), tag=_TAG, client_state={}, save_latest=False)
+        mine = re.compile(rf"(^|_)pp_rank_{self.rank}_")
+        anyone = re.compile(r"(^|_)pp_rank_\d+_")
+        written = [
+            path.relative_to(writer.staging).as_posix()
+            for path in sorted(directory.rglob("*"))
+            if path.is_file() and (mine.search(path.name) or (self.rank == 0 and not anyone.search(path.name)))
+        ]
+        writer.hash_written(written)
+        if self.rank == 0:
+            for i, state in enumerate(states):
+                writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
+
+    def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+        path = Path(path)
+        if not (path / checkpoint_io.DEEPSPEED_DIR).is_dir():
+            if optimizers:
+                raise checkpoint_io.CheckpointError(
+                    f"checkpoint {str(path)!r} was not written by strategy='deepspeed', and DeepSpeed cannot take another "
+                    "strategy's optimizer states; resume it with the strategy that wrote it, or load its weights alone "
+                    "(Accelerator.load_state with only the model prepared, or TrainModule.load_from_checkpoint)"
+                )
+            super().load_checkpoint(path, models, optimizers, strict=strict)
+            return
+        engine = self._engine()
+        loaded, _ = engine.load_checkpoint(
+            str(path / checkpoint_io.DEEPSPEED_DIR),
+            tag=_TAG,
+            load_module_strict=strict,
+            load_optimizer_states=bool(optimizers),
+            load_lr_scheduler_states=engine.lr_scheduler is not None,
+        )
+        if loaded is None:
+            raise checkpoint_io.CheckpointError(f"DeepSpeed found no engine checkpoint in {str(path / checkpoint_io.DEEPSPEED_DIR)!r}")
+
+    def teardown(self) -> None:
+        self.engine = None
+        leave_process_group(self._owns_group)
+        self._owns_group = False
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedStrategy(zero_stage={self.zero_stage}, device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"

@@ -1,0 +1,137 @@
+"""TPU (and other XLA devices) through `torch_xla`: one process per XLA device, PJRT runtime.
+
+XLA traces operations lazily and compiles the graph of a step when it is cut (``mark_step``). So the
+optimizer step here is ``xm.optimizer_step`` (all-reduce the gradients across devices, then step) followed
+by a step marker, and shapes must stay static between steps: keep ``even_batches=True`` (the default) and
+``drop_last=True`` on training loaders, pad variable-length inputs to a few fixed lengths, and avoid
+``.item()``/``print(tensor)`` inside the step (each one cuts the graph and syncs with the device).
+
+    accelerator = Accelerator(strategy="xla", mixed_precision="bf16")     # PJRT_DEVICE=TPU python train.py
+    trainer = Trainer(strategy="tpu")
+
+`torch_xla` must be the build for this torch (torch_xla 2.9 pairs with torch 2.9); without it, or with a
+mismatched one, asking for this strategy raises an `ImportError` naming the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from strategies.base import Strategy
+from strategies.environment import ClusterEnvironment
+
+INSTALL_HINT = (
+    "install the torch_xla build for this torch, e.g. pip install 'torch==2.9.*' 'torch_xla[tpu]==2.9.*' "
+    "(see https://github.com/pytorch/xla#installation), and run on a machine with an XLA device (PJRT_DEVICE=TPU)"
+)
+_XLA_DEVICE_VARIABLES = ("PJRT_DEVICE", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "XRT_TPU_CONFIG", "COLAB_TPU_ADDR")
+
+
+def xla_device_present(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this machine announces an XLA device (TPU VM/pod, Colab TPU, ``PJRT_DEVICE``) and torch_xla is installed.
+
+    Cheap: reads environment variables and looks torch_xla up without importing it.
+    """
+    env = os.environ if env is None else env
+    announced = any(env.get(name) for name in _XLA_DEVICE_VARIABLES)
+    return announced and importlib.util.find_spec("torch_xla") is not None
+
+
+def import_xla() -> tuple[Any, Any, Any]:
+    """``(torch_xla, torch_xla.core.xla_model, torch_xla.runtime)``, or an `ImportError` naming the fix."""
+    try:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+    except (ImportError, OSError) as err:  # not installed, or built for another torch (undefined symbols)
+        raise ImportError(f"strategy='xla' needs torch_xla built for torch {torch.__version__} ({err}); {INSTALL_HINT}") from err
+    return torch_xla, xm, xr
+
+
+class XLAStrategy(Strategy):
+    """Data parallel over XLA devices: gradients all-reduced in the optimizer step, graphs cut at every step.
+
+    Args:
+        cluster: the process layout; by default read from the XLA runtime (`torch_xla.runtime`).
+        cpu: refused (an XLA strategy runs on the XLA device; use strategy='single' for CPU).
+        precision: ``"no"`` or ``"bf16"`` (autocast on the XLA device); ``"fp16"`` is refused (TPUs compute in bf16).
+        timeout: accepted for a uniform signature; XLA's collectives have their own.
+    """
+
+    name = "xla"
+
+    def __init__(self, *, cluster: ClusterEnvironment | None = None, cpu: bool = False, precision: str = "no", timeout: float | None = None) -> None:
+        if cpu:
+            raise ValueError("strategy='xla' runs on the XLA device, but cpu=True was passed; use strategy='single' for CPU")
+        torch_xla, xm, xr = import_xla()
+        self._xm = xm
+        if cluster is None:
+            cluster = ClusterEnvironment(
+                world_size=int(xr.world_size()), rank=int(xr.global_ordinal()), local_rank=int(xr.local_ordinal()),
+                local_world_size=int(xr.local_process_count()) if hasattr(xr, "local_process_count") else 1, source="xla",
+            )
+        from strategies.precision import normalize_precision
+
+        if normalize_precision(precision) == "fp16":
+            raise ValueError("mixed_precision='fp16' is not supported on XLA devices; use 'bf16' (TPUs compute in bfloat16) or 'no'")
+        device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+        super().__init__(cluster=cluster, device=device, precision=precision)
+        self._optimizers: list[torch.optim.Optimizer] = []  # prepared here: their gradients are reduced before clipping
+        self._reduced: set[int] = set()
+
+    def setup_environment(self) -> None:
+        if self.world_size > 1 and not dist.is_initialized():
+            import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" process-group backend)
+
+            dist.init_process_group("xla", init_method="xla://")
+
+    def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
+        return module.to(self.device) if move else module  # no wrapper: the optimizer step reduces gradients
+
+    def _reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.world_size > 1 and id(optimizer) not in self._reduced:
+            self._xm.reduce_gradients(optimizer)
+            self._reduced.add(id(optimizer))
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        optimizer = super().setup_optimizer(optimizer)
+        self._optimizers.append(optimizer)
+        return optimizer
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip after the gradients are reduced across devices (else each device would clip its own)."""
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        ids = {id(p) for p in params}
+        for optimizer in self._optimizers:
+            if any(id(p) in ids for group in optimizer.param_groups for p in group["params"]):
+                self._reduce_gradients(optimizer)
+        return super().clip_grad_norm_(params, max_norm, norm_type)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
+        """All-reduce the gradients (unless clipping did), step, and cut the graph (``mark_step``)."""
+        if id(optimizer) in self._reduced or self.world_size == 1:
+            stepped = super().optimizer_step(optimizer, **kwargs)
+        else:
+            self._xm.optimizer_step(optimizer, optimizer_args=kwargs)
+            stepped = True
+        self._reduced.discard(id(optimizer))
+        self._xm.mark_step()
+        return stepped
+
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # gradients are reduced only in the optimizer step
+
+    def barrier(self, name: str | None = None) -> None:
+        self._xm.rendezvous(name or "trainwright")
+
+    def teardown(self) -> None:
+        self._optimizers.clear()

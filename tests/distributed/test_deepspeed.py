@@ -1,0 +1,299 @@
+"""DeepSpeed ZeRO 1-3 on 2 real processes (gloo, CPU, ``DS_ACCELERATOR=cpu``), through both faces, against
+single-process full-batch training; checkpoints through the engine, export of full weights, and the errors.
+
+The first DeepSpeed run on a machine compiles its CPU communication op (about a minute; cached in
+``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``). Torch optimizers are passed, so no Adam op is built.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.distributed.test_fsdp import GLOBAL_BATCH, STEPS, Net, _data, _max_diff, _net, _reference
+from tests.helpers.multiprocess import run_distributed
+
+pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed: pip install -e '.[deepspeed]'")
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(420)]
+
+
+def _accelerator_run(stage: int, clip: float | None = None, accumulate: int = 1, precision: str = "no", plugin: bool = False):
+    from strategies import DeepSpeedStrategy
+    from trainer import Accelerator
+    from trainer.utils import DeepSpeedPlugin
+
+    if plugin:  # as an Accelerate script configures it; the plugin's accumulation steps become the Accelerator's
+        acc = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_clipping=clip, gradient_accumulation_steps=accumulate))
+    else:
+        strategy = DeepSpeedStrategy(cpu=True, zero_stage=stage, gradient_clipping=clip, precision=precision)
+        acc = Accelerator(strategy=strategy, gradient_accumulation_steps=accumulate)
+    x, y = _data()
+    model = _net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # built before prepare, as Accelerate scripts do
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // acc.num_processes // acc.gradient_accumulation_steps)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    norms, losses, lrs = [], [], []
+    for xb, yb in loader:
+        with acc.accumulate(model):
+            loss = nn.functional.mse_loss(model(xb), yb)
+            acc.backward(loss)
+            losses.append(float(acc.reduce(loss.detach(), "mean")))
+            if acc.sync_gradients and clip is not None:
+                norms.append(float(acc.clip_grad_norm_(model.parameters(), clip)))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            lrs.append(opt.param_groups[0]["lr"])
+    state = acc.get_state_dict(model)
+    out = {"state": {k: v.clone() for k, v in state.items()}, "norms": norms, "losses": losses, "lrs": lrs,
+           "engine": type(model).__name__, "type": str(acc.distributed_type), "stage3": hasattr(next(model.parameters()), "ds_id")}
+    acc.end_training()
+    return out
+
+
+def _scheduled_reference(clip: float | None = None) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Single process, full global batches, StepLR(2, 0.5) stepped once per optimizer step (the engine's schedule)."""
+    x, y = _data()
+    model = _net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    norms = []
+    for i in range(0, len(x), GLOBAL_BATCH):
+        nn.functional.mse_loss(model(x[i : i + GLOBAL_BATCH]), y[i : i + GLOBAL_BATCH]).backward()
+        if clip is not None:
+            norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
+
+
+def _reference_lrs(batches: int, accumulate: int) -> list[float]:
+    """The learning rate after each batch under that schedule."""
+    return [0.01 * 0.5 ** (((i + 1) // accumulate) // 2) for i in range(batches)]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_accelerator_deepspeed_stage_matches_single_process_with_clipping(stage: int) -> None:
+    reference, ref_norms = _scheduled_reference(clip=0.5)
+    out = run_distributed(_accelerator_run, stage, 0.5)
+    assert out[0]["engine"] == "DeepSpeedEngine" and out[0]["type"] == "DistributedType.DEEPSPEED"
+    assert out[0]["stage3"] is (stage == 3)  # stage 3 really partitions the parameters
+    for rank in (0, 1):  # full float32 weights on every rank
+        assert _max_diff(out[rank]["state"], reference) <= 1e-5
+        assert out[rank]["state"]["inp.weight"].dtype == torch.float32
+    # the engine's clipping norm is the global one, the same as one process's over the full batch
+    assert out[0]["norms"] == out[1]["norms"]
+    assert max(abs(a - b) for a, b in zip(out[0]["norms"], ref_norms)) <= 1e-5
+    assert out[0]["lrs"] == pytest.approx(_reference_lrs(len(out[0]["lrs"]), 1))
+
+
+def test_accelerator_deepspeed_gradient_accumulation_matches_single_process() -> None:
+    reference, _ = _scheduled_reference()
+    out = run_distributed(_accelerator_run, 2, None, 2)
+    assert _max_diff(out[0]["state"], reference) <= 1e-5
+    assert out[0]["lrs"] == pytest.approx(_reference_lrs(len(out[0]["lrs"]), 2))
+
+
+def test_accelerate_deepspeed_plugin_drives_the_strategy() -> None:
+    reference, ref_norms = _scheduled_reference(clip=0.5)
+    out = run_distributed(_accelerator_run, 3, 0.5, 2, "no", True)
+    assert out[0]["stage3"] and out[0]["type"] == "DistributedType.DEEPSPEED"
+    assert _max_diff(out[0]["state"], reference) <= 1e-5
+    assert max(abs(a - b) for a, b in zip(out[0]["norms"], ref_norms)) <= 1e-5
+
+
+def test_accelerator_deepspeed_bf16_is_close_by_loss_with_fp32_master_weights() -> None:
+    fp32 = run_distributed(_accelerator_run, 3, None)
+    bf16 = run_distributed(_accelerator_run, 3, None, 1, "bf16")
+    assert bf16[0]["state"]["inp.weight"].dtype == torch.float32  # the consolidated weights are the fp32 masters
+    assert bf16[0]["losses"] != fp32[0]["losses"]  # bf16 really ran
+    assert max(abs(a - b) for a, b in zip(bf16[0]["losses"], fp32[0]["losses"])) <= 0.05 * max(fp32[0]["losses"])
+
+
+def _trainer_run(strategy: str, tmp: str, accumulate: int, clip: float | None):
+    from trainer import Trainer, TrainModule
+
+    class Regressor(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+
+        def training_step(self, batch, batch_idx):
+            xb, yb = batch
+            return nn.functional.mse_loss(self.net.out(self.net.blocks(self.net.inp(xb))), yb)  # submodules, not self(x)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    x, y = _data()
+    trainer = Trainer(strategy=strategy, accelerator="cpu", max_epochs=1, default_root_dir=tmp, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, accumulate_grad_batches=accumulate, gradient_clip_val=clip)
+    module = Regressor()
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2 // accumulate))
+    state = trainer.strategy.module_state_dict(module)
+    return {"state": {k.removeprefix("net."): v.clone() for k, v in state.items()}, "global_step": trainer.global_step,
+            "config": {k: trainer.strategy.engine.config[k] for k in ("gradient_accumulation_steps", "gradient_clipping")}}
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_trainer_deepspeed_matches_single_process_with_accumulation_and_clipping(strategy: str, tmp_path: Path) -> None:
+    reference, _ = _reference(clip=0.5)
+    out = run_distributed(_trainer_run, strategy, str(tmp_path), 2, 0.5)
+    assert out[0]["config"] == {"gradient_accumulation_steps": 2, "gradient_clipping": 0.5}  # the Trainer's settings reached the engine
+    assert out[0]["global_step"] == STEPS
+    assert _max_diff(out[0]["state"], reference) <= 1e-5
+
+
+def _save_resume_export(root: str, stage: int, load: bool):
+    """3 steps (or a load of them), save_state, 3 more steps; export the weights with save_model."""
+    from strategies import DeepSpeedStrategy
+    from trainer import Accelerator
+
+    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=stage))
+    x, y = _data()
+    torch.manual_seed(5 if load else 0)  # a resumed run starts from other weights, which load_state replaces
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2, shuffle=True)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    batches = iter(loader)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            xb, yb = next(batches)
+            acc.backward(nn.functional.mse_loss(model(xb), yb))
+            opt.step()
+            opt.zero_grad()
+
+    if load:
+        acc.load_state(f"{root}/state")
+        batches = iter(loader)  # the restored loader resumes after the batches already seen
+    else:
+        steps(3)
+        acc.save_state(f"{root}/state")
+    steps(3)
+    final = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+    acc.save_model(model, f"{root}/export{int(load)}")
+    acc.end_training()
+    return final
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_save_state_resumes_bitwise_and_exports_plain_weights(stage: int, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from strategies.checkpoint_io import read_manifest
+
+    straight = run_distributed(_save_resume_export, str(tmp_path), stage, False)
+    manifest = read_manifest(tmp_path / "state")
+    names = set(manifest["files"])
+    assert "model.safetensors" in names and manifest["world_size"] == 2
+    assert {n for n in names if n.startswith("deepspeed/") and "optim_states" in n} == {
+        f"deepspeed/state/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)
+    }  # each rank's partition, hashed by the rank that wrote it
+    resumed = run_distributed(_save_resume_export, str(tmp_path), stage, True)
+    assert [k for k in straight[0] if not torch.equal(straight[0][k], resumed[0][k])] == []
+    plain = Net()
+    plain.load_state_dict(load_file(str(tmp_path / "export1" / "model.safetensors")))  # a plain model loads the export
+    assert _max_diff(plain.state_dict(), resumed[0]) == 0.0
+
+
+def _bad_use(case: str):
+    from strategies import DeepSpeedStrategy
+    from trainer import Accelerator
+
+    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True))
+    model = _net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    try:
+        if case == "separate":
+            model = acc.prepare(model)
+            acc.prepare(opt)
+        elif case == "two_optimizers":
+            acc.prepare(model, opt, torch.optim.SGD(model.parameters(), lr=0.1))
+        elif case == "clip_mismatch":
+            model, opt = acc.prepare(model, opt)
+            acc.backward(model(torch.randn(2, 4)).sum())
+            acc.clip_grad_norm_(model.parameters(), 1.0)
+        elif case == "clip_value":
+            model, opt = acc.prepare(model, opt)
+            acc.clip_grad_value_(model.parameters(), 1.0)
+    except ValueError as err:
+        return str(err)
+    finally:
+        acc.end_training()
+    return None
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("separate", r"pass both to the same prepare\(\) call"),
+        ("two_optimizers", r"steps one optimizer, got 2"),
+        ("clip_mismatch", r"gradient_clipping=0.0 .* clip_grad_norm_\(max_norm=1.0\) cannot apply; pass DeepSpeedStrategy\(gradient_clipping=1.0\)"),
+        ("clip_value", r"not by value"),
+    ],
+)
+def test_deepspeed_misuse_gets_a_clear_error(case: str, message: str) -> None:
+    import re
+
+    (got,) = run_distributed(_bad_use, case, nprocs=1)
+    assert got is not None and re.search(message, got), got
+
+
+def test_deepspeed_config_conflicts_and_auto_values(tmp_path: Path) -> None:
+    from strategies import DeepSpeedStrategy, resolve_strategy
+
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"zero_optimization": {"stage": 3}, "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+                               "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}}))
+    strategy = DeepSpeedStrategy(cpu=True, config=str(cfg), gradient_clipping=1.0, precision="bf16")
+    assert strategy.zero_stage == 3 and strategy.sharded
+    assert strategy.agree_accumulation(4) == 4
+    final = strategy.engine_config(batch_size=8)
+    assert final["gradient_accumulation_steps"] == 4 and final["gradient_clipping"] == 1.0 and final["bf16"] == {"enabled": True}
+    assert final["train_micro_batch_size_per_gpu"] == 8 and "train_batch_size" not in final
+    # the config decides where the face kept its default; two different values are an error naming both
+    assert DeepSpeedStrategy(cpu=True, config={"gradient_accumulation_steps": 3}).agree_accumulation(1) == 3
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps is 2 here but 3 in the DeepSpeed config"):
+        DeepSpeedStrategy(cpu=True, config={"gradient_accumulation_steps": 3}).agree_accumulation(2)
+    with pytest.raises(ValueError, match=r"zero_stage is 2 here but 3 in the DeepSpeed config"):
+        DeepSpeedStrategy(cpu=True, zero_stage=2, config={"zero_optimization": {"stage": 3}})
+    with pytest.raises(ValueError, match=r"gradient_clip_val is 2.0 but .* gradient_clipping=1.0"):
+        DeepSpeedStrategy(cpu=True, gradient_clipping=1.0).agree_clipping(2.0)
+    with pytest.raises(ValueError, match=r"mixed_precision is 'bf16' here but the DeepSpeed config enables 'fp16'"):
+        DeepSpeedStrategy(cpu=True, precision="bf16", config={"fp16": {"enabled": True}})
+    with pytest.raises(ValueError, match=r"DeepSpeed runs fp16 only on GPUs; on CPU use mixed_precision='bf16'"):
+        DeepSpeedStrategy(cpu=True, precision="fp16")
+    with pytest.raises(ValueError, match=r"offload_parameters needs zero_stage=3"):
+        DeepSpeedStrategy(cpu=True, zero_stage=2, offload_parameters=True)
+    with pytest.raises(ValueError, match=r"zero_stage=4 is not a ZeRO stage"):
+        DeepSpeedStrategy(cpu=True, zero_stage=4)
+    with pytest.raises(FileNotFoundError, match=r"does not exist"):
+        DeepSpeedStrategy(cpu=True, config=str(tmp_path / "missing.json"))
+    with pytest.raises(TypeError, match=r"unsupported arguments \['stage'\]"):
+        DeepSpeedStrategy(cpu=True, stage=2)
+    offload = resolve_strategy("deepspeed_stage_3_offload", cpu=True)
+    assert isinstance(offload, DeepSpeedStrategy)
+    assert offload.config["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+
+
+def test_without_deepspeed_the_strategy_names_the_install_command() -> None:
+    code = (
+        "import sys; sys.modules['deepspeed'] = None\n"  # as if the package were not installed
+        "from trainer import Accelerator\n"
+        "try:\n    Accelerator(strategy='deepspeed', cpu=True)\n"
+        "except ImportError as err:\n    print(err)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "pip install 'trainwright[deepspeed]'" in out.stdout, out.stderr[-2000:]
+
