@@ -32,13 +32,31 @@ def _launch(command: list[str], result: Path, timeout: float) -> dict[str, float
 def run(*, quick: bool) -> list[Section]:
     rounds = 2 if quick else 4
     steps = 100 if quick else 300
-    folder = Path(tempfile.mkdtemp(prefix="bench-fsdp-"))
+    rows = interleaved_rounds("fsdp", {"raw FSDP2, torchrun": "raw_fsdp", "Accelerator FSDP, trainer launch": "accelerator_fsdp"}, rounds, steps)
+    setup = (f"2 processes (gloo, 1 thread each), 4 residual MLP blocks of width 256 (each its own FSDP unit, ~2.1 M params), "
+             f"AdamW, batch 32 per process; {rounds} interleaved rounds of {steps} timed steps after 10 warm-up steps.")
+    ckpt = ("Median of 3 saves and 3 loads of model + AdamW state (~25 MB) per round. Ours also writes RNG states and data "
+            "positions and hashes every file into manifest.json; DCP's shard files are hashed by the rank that wrote them.")
+    return [
+        Section("FSDP2, 2 processes — time per step", "raw FSDP2", list(rows["per_step"].values()), [setup]),
+        Section("FSDP2, 2 processes — sharded checkpoint save", "raw dcp.save", list(rows["save"].values()), [ckpt]),
+        Section("FSDP2, 2 processes — sharded checkpoint load", "raw dcp.load", list(rows["load"].values()), [ckpt]),
+    ]
+
+
+def interleaved_rounds(kind: str, scripts: dict[str, str], rounds: int, steps: int) -> dict[str, dict[str, Row]]:
+    """Run the raw script (first) and ours (second, through `trainer launch`) `rounds` times in rotated order.
+
+    `scripts` maps a row name to a module in ``benchmarks/<kind>_scripts``; returns per-step, save and load rows.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     result = folder / "result.json"
+    (raw_name, raw_script), (our_name, our_script) = scripts.items()
     commands = {
-        "raw FSDP2, torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "{port}",
-                                "-m", "benchmarks.fsdp_scripts.raw_fsdp", str(result), str(steps), "{dir}"],
-        "Accelerator FSDP, trainer launch": [*_trainer_command(), "launch", "--num_processes", "2", "--cpu", "-m",
-                                             "benchmarks.fsdp_scripts.accelerator_fsdp", str(result), str(steps), "{dir}"],
+        raw_name: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "{port}",
+                   "-m", f"benchmarks.{kind}_scripts.{raw_script}", str(result), str(steps), "{dir}"],
+        our_name: [*_trainer_command(), "launch", "--num_processes", "2", "--cpu", "-m",
+                   f"benchmarks.{kind}_scripts.{our_script}", str(result), str(steps), "{dir}"],
     }
     names = list(commands)
     rows = {kind: {name: Row(name, unit) for name in names} for kind, unit in (("per_step", "µs/step"), ("save", "s"), ("load", "s"))}
@@ -60,12 +78,4 @@ def run(*, quick: bool) -> list[Section]:
     rows["per_step"][names[1]].target = "≤ 1.05"
     rows["save"][names[1]].target = "≤ 1.20"
     rows["load"][names[1]].target = "≤ 1.20"
-    setup = (f"2 processes (gloo, 1 thread each), 4 residual MLP blocks of width 256 (each its own FSDP unit, ~2.1 M params), "
-             f"AdamW, batch 32 per process; {rounds} interleaved rounds of {steps} timed steps after 10 warm-up steps.")
-    ckpt = ("Median of 3 saves and 3 loads of model + AdamW state (~25 MB) per round. Ours also writes RNG states and data "
-            "positions and hashes every file into manifest.json; DCP's shard files are hashed by the rank that wrote them.")
-    return [
-        Section("FSDP2, 2 processes — time per step", "raw FSDP2", list(rows["per_step"].values()), [setup]),
-        Section("FSDP2, 2 processes — sharded checkpoint save", "raw dcp.save", list(rows["save"].values()), [ckpt]),
-        Section("FSDP2, 2 processes — sharded checkpoint load", "raw dcp.load", list(rows["load"].values()), [ckpt]),
-    ]
+    return rows

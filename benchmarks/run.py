@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("step", "import", "data", "checkpoint", "ddp", "fsdp", "resume")
+SECTIONS = ("step", "import", "data", "checkpoint", "ddp", "fsdp", "deepspeed", "resume")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import torch
 
-    from benchmarks import checkpoint, common, data_loading, ddp, fsdp, import_time, resume, step_time
+    from benchmarks import checkpoint, common, data_loading, ddp, deepspeed, fsdp, import_time, resume, step_time
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "fsdp": fsdp, "resume": resume}
+    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed, "resume": resume}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
     print(header, flush=True)
     texts = [header]

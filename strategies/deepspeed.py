@@ -94,7 +94,7 @@ class DeepSpeedStrategy(Strategy):
         precision: ``"no"`` or ``"bf16"`` (``"fp16"`` on GPUs only): the engine's own mixed precision, float32 master weights.
         timeout: process-group timeout in seconds (as for DDP).
         zero_stage: 1 (optimizer states sharded), 2 (and gradients; the default, as Lightning and Accelerate),
-            3 (and parameters), or 0 (plain data parallel through the engine).
+            3 (and parameters), or 0 (plain data parallel through the engine). ``stage`` is Lightning's name for it.
         offload_optimizer: keep optimizer states (and the step) in CPU memory.
         offload_parameters: keep parameters in CPU memory (stage 3 only).
         gradient_clipping: clip the global gradient norm to this in the engine's step.
@@ -122,11 +122,16 @@ class DeepSpeedStrategy(Strategy):
         gradient_clipping: float | None = None,
         config: dict[str, Any] | str | os.PathLike[str] | None = None,
         backend: str | None = None,
+        stage: int | None = None,
         **unsupported: Any,
     ) -> None:
+        if stage is not None:  # Lightning's name for zero_stage
+            if zero_stage is not None and zero_stage != stage:
+                raise ValueError(f"stage={stage!r} and zero_stage={zero_stage!r} disagree; pass one of them")
+            zero_stage = stage
         if unsupported:
             raise TypeError(
-                f"DeepSpeedStrategy got unsupported arguments {sorted(unsupported)}; it takes zero_stage, offload_optimizer, "
+                f"DeepSpeedStrategy got unsupported arguments {sorted(unsupported)}; it takes zero_stage (or stage), offload_optimizer, "
                 "offload_parameters, gradient_clipping, config, precision, cpu, timeout, backend"
             )
         if not dist.is_available():

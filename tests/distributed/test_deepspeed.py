@@ -280,8 +280,9 @@ def test_deepspeed_config_conflicts_and_auto_values(tmp_path: Path) -> None:
         DeepSpeedStrategy(cpu=True, zero_stage=4)
     with pytest.raises(FileNotFoundError, match=r"does not exist"):
         DeepSpeedStrategy(cpu=True, config=str(tmp_path / "missing.json"))
-    with pytest.raises(TypeError, match=r"unsupported arguments \['stage'\]"):
-        DeepSpeedStrategy(cpu=True, stage=2)
+    with pytest.raises(TypeError, match=r"unsupported arguments \['logging_level'\]"):
+        DeepSpeedStrategy(cpu=True, logging_level=10)
+    assert DeepSpeedStrategy(cpu=True, stage=3).zero_stage == 3  # Lightning's argument name
     offload = resolve_strategy("deepspeed_stage_3_offload", cpu=True)
     assert isinstance(offload, DeepSpeedStrategy)
     assert offload.config["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
@@ -297,3 +298,33 @@ def test_without_deepspeed_the_strategy_names_the_install_command() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "pip install 'trainwright[deepspeed]'" in out.stdout, out.stderr[-2000:]
 
+
+
+def test_accelerate_config_deepspeed_section_reaches_the_strategy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`accelerate config`'s DeepSpeed answers, through `trainer launch`'s worker environment, configure the engine."""
+    from trainer import Accelerator
+    from trainer.cli.accelerate_config import settings_from_accelerate
+    from trainer.cli.launch import worker_environment
+
+    ds_file = tmp_path / "ds.json"
+    ds_file.write_text(json.dumps({"gradient_clipping": 0.5}))
+    settings = settings_from_accelerate({
+        "compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_processes": 1, "use_cpu": True,
+        "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "none",
+                             "gradient_accumulation_steps": 2, "zero3_init_flag": False, "deepspeed_multinode_launcher": "standard",
+                             "deepspeed_config_file": str(ds_file)},
+    })
+    assert settings.strategy == "deepspeed"
+    for key, value in worker_environment(settings).items():
+        if key != "TRAINWRIGHT_LAUNCHED":
+            monkeypatch.setenv(key, value)
+    acc = Accelerator()
+    try:
+        strategy = acc.strategy
+        assert acc.distributed_type == "DEEPSPEED" and acc.gradient_accumulation_steps == 2
+        assert strategy.zero_stage == 3 and strategy.config["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+        assert strategy.config["gradient_clipping"] == 0.5  # from the DeepSpeed file the section names
+    finally:
+        acc.end_training()
+    with pytest.raises(ValueError, match=r"deepspeed_config has unknown key\(s\) \['zero_stages'\]"):
+        settings.updated(deepspeed_config={"zero_stages": 3})

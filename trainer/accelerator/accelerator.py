@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -110,6 +111,8 @@ class Accelerator:
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
         ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
+        if deepspeed_plugin is None and (strategy or env_setting("STRATEGY", "auto")) == "deepspeed" and env_setting("DEEPSPEED_CONFIG"):
+            deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_CONFIG"))))  # from `trainer launch`'s config
         if deepspeed_plugin is not None:
             if strategy not in (None, "deepspeed"):
                 raise ValueError(f"deepspeed_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='deepspeed')")

@@ -102,9 +102,30 @@ def settings_from_accelerate(data: Mapping[str, Any], *, source: str = "<config>
         values["gpu_ids"] = str(gpu_ids)
     if str(data.get("downcast_bf16", "no")).lower() not in ("no", "false"):
         warnings.warn(f"downcast_bf16 in {source!r} is a TPU setting and has no effect here", stacklevel=2)
-    if kind in ("FSDP", "DEEPSPEED") and (data.get("fsdp_config") or data.get("deepspeed_config")):
-        warnings.warn(
-            f"{kind.lower()}_config in {source!r} is not read; configure the {strategy!r} strategy in code",
-            stacklevel=2,
-        )
+    if kind == "FSDP" and data.get("fsdp_config"):
+        warnings.warn(f"fsdp_config in {source!r} is not read; configure the 'fsdp' strategy in code (FSDPStrategy)", stacklevel=2)
+    if kind == "DEEPSPEED" and data.get("deepspeed_config"):
+        values["deepspeed_config"] = _deepspeed_section(data["deepspeed_config"], source)
     return LaunchSettings(**values)
+
+
+# deepspeed_config keys of `accelerate config` that choose DeepSpeed's own multi-node launcher: we launch with torchrun
+_DEEPSPEED_LAUNCHER_KEYS = {"deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_exclusion_filter",
+                            "deepspeed_inclusion_filter"}
+
+
+def _deepspeed_section(section: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Accelerate's ``deepspeed_config`` section as `DeepSpeedPlugin` arguments."""
+    plugin = {k: v for k, v in section.items() if k not in _DEEPSPEED_LAUNCHER_KEYS}
+    if section.get("deepspeed_multinode_launcher", "standard") not in ("standard", None):
+        warnings.warn(
+            f"deepspeed_multinode_launcher={section['deepspeed_multinode_launcher']!r} in {source!r} is not used: "
+            "`trainer launch` starts the processes with torchrun on every machine",
+            stacklevel=3,
+        )
+    if "deepspeed_config_file" in plugin:
+        plugin["hf_ds_config"] = plugin.pop("deepspeed_config_file")
+    for key in ("offload_optimizer_device", "offload_param_device"):
+        if plugin.get(key) is None:
+            plugin.pop(key, None)
+    return plugin

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import uuid
@@ -33,6 +34,8 @@ def worker_environment(settings: LaunchSettings) -> dict[str, str]:
     }
     if settings.process_group_timeout is not None:
         env["TRAINWRIGHT_PG_TIMEOUT"] = str(settings.process_group_timeout)
+    if settings.deepspeed_config:
+        env["TRAINWRIGHT_DEEPSPEED_CONFIG"] = json.dumps(settings.deepspeed_config)  # read by the Accelerator
     if settings.gpu_ids not in (None, "", "all") and not settings.cpu:
         env["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_ids)
     return env
