@@ -23,6 +23,7 @@ import copy
 import json
 import os
 import re
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,7 @@ class DeepSpeedStrategy(Strategy):
         clip = _agree("gradient_clipping", _UNSET if gradient_clipping is None else float(gradient_clipping), self.config.get("gradient_clipping", _UNSET), 0.0)
         self.config["gradient_clipping"] = float(clip)
         self.config.setdefault("steps_per_print", 2**31 - 1)  # the engine's own progress lines; our faces log
+        self.config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer (SGD, ...), as Lightning
         self.sharded = self.zero_stage == 3  # forward gathers parameters (a collective)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout = process_group_timeout(timeout)
@@ -299,10 +301,9 @@ class DeepSpeedStrategy(Strategy):
         return bool(self._engine().was_step_applied())
 
     def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
-        if self.zero_stage != 3:
+        if self.zero_stage != 3 or self.engine is None:
             return contextlib.nullcontext()
-        deepspeed = import_deepspeed(self.device)
-        return deepspeed.zero.GatheredParameters(list(self.unwrap_module(module).parameters()))  # type: ignore[no-any-return]
+        return _gathered_without_hooks(self.engine, list(self.unwrap_module(module).parameters()))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """The engine clipped in its step; returns the global norm it measured (before clipping).
@@ -410,3 +411,22 @@ class DeepSpeedStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(zero_stage={self.zero_stage}, device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"
+
+
+@contextlib.contextmanager
+def _gathered_without_hooks(engine: Any, params: list[nn.Parameter]) -> Iterator[None]:
+    """ZeRO-3: all-gather every parameter once and run forwards without the engine's per-module gather hooks.
+
+    A forward under stage 3 all-gathers each submodule's parameters (a collective), which a process that has
+    finished its evaluation batches would never join; with the parameters gathered once and the hooks lifted,
+    forwards are local. The hooks are put back (and the parameters re-partitioned) on exit.
+    """
+    import deepspeed
+
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+    with deepspeed.zero.GatheredParameters(params):
+        offload._remove_module_hooks()
+        try:
+            yield
+        finally:
+            offload.setup_zero_stage3_hooks()

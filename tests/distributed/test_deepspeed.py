@@ -59,6 +59,11 @@ def _accelerator_run(stage: int, clip: float | None = None, accumulate: int = 1,
     return out
 
 
+def _val_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    return torch.randn(7, 4, generator=g), torch.randn(7, 1, generator=g)
+
+
 def _scheduled_reference(clip: float | None = None) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Single process, full global batches, StepLR(2, 0.5) stepped once per optimizer step (the engine's schedule)."""
     x, y = _data()
@@ -131,16 +136,24 @@ def _trainer_run(strategy: str, tmp: str, accumulate: int, clip: float | None):
             xb, yb = batch
             return nn.functional.mse_loss(self.net.out(self.net.blocks(self.net.inp(xb))), yb)  # submodules, not self(x)
 
+        def validation_step(self, batch, batch_idx):
+            xb, yb = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(xb), yb), sync_dist=True)
+
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=0.01)
 
     x, y = _data()
+    vx, vy = _val_data()
     trainer = Trainer(strategy=strategy, accelerator="cpu", max_epochs=1, default_root_dir=tmp, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False, accumulate_grad_batches=accumulate, gradient_clip_val=clip)
+                      enable_model_summary=False, enable_checkpointing=False, accumulate_grad_batches=accumulate, gradient_clip_val=clip,
+                      val_check_interval=4)  # validation mid-epoch too: training resumes after it
     module = Regressor()
-    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2 // accumulate))
+    # 7 validation samples, one per batch: one process runs 4 batches, the other 3 (stage 3 gathers the parameters once)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // 2 // accumulate), DataLoader(TensorDataset(vx, vy), batch_size=1))
     state = trainer.strategy.module_state_dict(module)
     return {"state": {k.removeprefix("net."): v.clone() for k, v in state.items()}, "global_step": trainer.global_step,
+            "val_loss": float(trainer.callback_metrics["val_loss"]),
             "config": {k: trainer.strategy.engine.config[k] for k in ("gradient_accumulation_steps", "gradient_clipping")}}
 
 
@@ -151,6 +164,12 @@ def test_trainer_deepspeed_matches_single_process_with_accumulation_and_clipping
     assert out[0]["config"] == {"gradient_accumulation_steps": 2, "gradient_clipping": 0.5}  # the Trainer's settings reached the engine
     assert out[0]["global_step"] == STEPS
     assert _max_diff(out[0]["state"], reference) <= 1e-5
+    # every validation sample counted once, though the processes ran unequal batch counts
+    model = Net()
+    model.load_state_dict(reference)
+    vx, vy = _val_data()
+    expected = float(torch.stack([nn.functional.mse_loss(model(vx[i : i + 1]), vy[i : i + 1]) for i in range(len(vx))]).mean())
+    assert out[0]["val_loss"] == out[1]["val_loss"] == pytest.approx(expected, abs=1e-5)
 
 
 def _save_resume_export(root: str, stage: int, load: bool):

@@ -218,6 +218,7 @@ LAUNCHED_SCRIPT = '''
 import sys
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+from strategies import DeepSpeedStrategy  # noqa: F401
 from trainer import Trainer, TrainModule
 
 
@@ -236,7 +237,7 @@ class Tiny(TrainModule):
 
 
 if __name__ == "__main__":
-    trainer = Trainer(strategy="ddp", devices=2, max_epochs=1, log_with=None, project_dir=sys.argv[1],
+    trainer = Trainer(strategy=STRATEGY, devices=2, max_epochs=1, log_with=None, project_dir=sys.argv[1],
                       enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                       process_group_timeout=60)
     module = Tiny()
@@ -247,14 +248,18 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(300)
-def test_devices_2_in_a_plain_script_relaunches_it_on_two_processes(tmp_path: Any) -> None:
+@pytest.mark.parametrize("strategy", ['"ddp"', '"deepspeed_stage_2"', "DeepSpeedStrategy(zero_stage=3)"])
+def test_devices_2_in_a_plain_script_relaunches_it_on_two_processes(strategy: str, tmp_path: Any) -> None:
+    """By name or as an instance (which every launched process builds anew): never a silent single-process run."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    if "eepSpeed" in strategy or "deepspeed" in strategy:
+        pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed: pip install -e '.[deepspeed]'")
     script = tmp_path / "train_tiny.py"
-    script.write_text(LAUNCHED_SCRIPT)
+    script.write_text(LAUNCHED_SCRIPT.replace("STRATEGY", strategy))
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "TRAINWRIGHT_PG_TIMEOUT": "60"}
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=270, env=env, cwd=tmp_path)
