@@ -11,7 +11,7 @@ from callbacks.trackers.clearml import ClearMLTracker
 from callbacks.trackers.comet import CometMLTracker
 from callbacks.trackers.csv_tracker import CSVTracker
 from callbacks.trackers.dvclive import DVCLiveTracker
-from callbacks.trackers.lightning_loggers import CSVLogger, TensorBoardLogger
+from callbacks.trackers.lightning_loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from callbacks.trackers.mlflow import MLflowTracker
 from callbacks.trackers.registry import (
     LoggerType,
@@ -52,6 +52,7 @@ __all__ = [
     "DVCLiveTracker",
     "GeneralTracker",
     "LoggerType",
+    "MLFlowLogger",
     "MLflowTracker",
     "NoOpTracker",
     "SwanLabTracker",
@@ -60,6 +61,7 @@ __all__ = [
     "TrackerHub",
     "TrackioTracker",
     "WandBTracker",
+    "WandbLogger",
     "available_trackers",
     "on_main_process",
     "register_tracker_class",

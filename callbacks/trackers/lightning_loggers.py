@@ -2,7 +2,8 @@
 
 ``from lightning.pytorch.loggers import CSVLogger`` becomes ``from callbacks.trackers import CSVLogger``, and
 ``Trainer(logger=CSVLogger("logs", name="exp"))`` writes where Lightning writes: ``logs/exp/version_0/metrics.csv``
-(and ``hparams.yaml``); ``TensorBoardLogger`` writes its event files to ``<save_dir>/<name>/version_<n>``.
+(and ``hparams.yaml``); ``TensorBoardLogger`` writes its event files to ``<save_dir>/<name>/version_<n>``;
+``WandbLogger`` and ``MLFlowLogger`` take Lightning's arguments and run our W&B and MLflow trackers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from callbacks.trackers.csv_tracker import CSVTracker, _new_version_dir
+from callbacks.trackers.mlflow import MLflowTracker
 from callbacks.trackers.tensorboard import TensorBoardTracker
+from callbacks.trackers.wandb import WandBTracker
+
+
+def _prefixed(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Lightning's logger ``prefix``: in front of every metric name but ``epoch``, joined with ``-``."""
+    return {k if k == "epoch" or not prefix else f"{prefix}-{k}": v for k, v in values.items()}
+
+
+def _refuse(logger: str, **unsupported: Any) -> None:
+    given = {name: value for name, value in unsupported.items() if value not in (None, False)}
+    if given:
+        raise ValueError(
+            f"{logger} does not support {sorted(given)} (given {given}); leave them unset. Checkpoints are written by "
+            "ModelCheckpoint into the checkpoint directory, not uploaded by the logger"
+        )
 
 
 def _version_dir(root: Path, version: int | str | None) -> Path:
@@ -56,9 +73,7 @@ class CSVLogger(CSVTracker):
         return self.tracker
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        if self.prefix:
-            values = {k if k == "epoch" else f"{self.prefix}-{k}": v for k, v in values.items()}
-        super().log(values, step=step, **kwargs)
+        super().log(_prefixed(values, self.prefix), step=step, **kwargs)
 
 
 class TensorBoardLogger(TensorBoardTracker):
@@ -83,11 +98,83 @@ class TensorBoardLogger(TensorBoardTracker):
         return self._log_dir
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        if self.prefix:
-            values = {k if k == "epoch" else f"{self.prefix}-{k}": v for k, v in values.items()}
-        super().log(values, step=step, **kwargs)
+        super().log(_prefixed(values, self.prefix), step=step, **kwargs)
 
     @property
     def experiment(self) -> Any:
         """Lightning's ``logger.experiment``: the ``SummaryWriter``."""
         return self.tracker
+
+
+class WandbLogger(WandBTracker):
+    """Lightning's ``WandbLogger(name=None, save_dir=".", version=None, offline=False, dir=None, id=None,
+    anonymous=None, project=None, log_model=False, experiment=None, prefix="", checkpoint_name=None, **kwargs)``.
+
+    ``project`` (default ``"lightning_logs"``) is the W&B project, ``name`` the run's display name, ``id``/``version``
+    the run id (to resume one), ``offline=True`` writes the run locally for a later ``wandb sync``; the files go under
+    ``dir`` or ``save_dir``. ``kwargs`` go to ``wandb.init``. Uploading checkpoints (``log_model``) and wrapping an
+    existing run (``experiment``) are refused.
+    """
+
+    def __init__(
+        self, name: str | None = None, save_dir: str | os.PathLike[str] = ".", version: str | None = None, offline: bool = False,
+        dir: str | os.PathLike[str] | None = None, id: str | None = None, anonymous: bool | None = None, project: str | None = None,
+        log_model: bool | str = False, experiment: Any = None, prefix: str = "", checkpoint_name: str | None = None, **kwargs: Any,
+    ) -> None:
+        _refuse("WandbLogger", log_model=log_model, experiment=experiment, checkpoint_name=checkpoint_name)
+        run_id = id or version
+        init: dict[str, Any] = {k: v for k, v in {"name": name, "id": run_id, "anonymous": "allow" if anonymous else None,
+                                                 "mode": "offline" if offline else None}.items() if v is not None}
+        if run_id is not None:
+            init["resume"] = "allow"
+        super().__init__(project or "lightning_logs", os.fspath(dir if dir is not None else save_dir), **{**init, **kwargs})
+        self.save_dir, self.prefix = os.fspath(dir if dir is not None else save_dir), prefix
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        super().log(_prefixed(values, self.prefix), step=step, **kwargs)
+
+    @property
+    def experiment(self) -> Any:
+        """Lightning's ``logger.experiment``: the ``wandb`` run."""
+        return self.tracker
+
+    @property
+    def version(self) -> str | None:
+        return None if self.tracker is None else str(self.tracker.id)
+
+
+class MLFlowLogger(MLflowTracker):
+    """Lightning's ``MLFlowLogger(experiment_name="lightning_logs", run_name=None, tracking_uri=$MLFLOW_TRACKING_URI,
+    tags=None, save_dir="./mlruns", log_model=False, prefix="", artifact_location=None, run_id=None, synchronous=None)``.
+
+    Without a tracking URI the runs go to a local file store at ``save_dir``, as in Lightning. Uploading checkpoints
+    (``log_model``) and a custom ``artifact_location`` are refused.
+    """
+
+    def __init__(
+        self, experiment_name: str = "lightning_logs", run_name: str | None = None, tracking_uri: str | None = None,
+        tags: dict[str, Any] | None = None, save_dir: str | os.PathLike[str] | None = "./mlruns", log_model: bool | str = False,
+        prefix: str = "", artifact_location: str | None = None, run_id: str | None = None, synchronous: bool | None = None,
+    ) -> None:
+        # metrics are logged synchronously; asking for asynchronous logging is refused rather than ignored
+        _refuse("MLFlowLogger", log_model=log_model, artifact_location=artifact_location, asynchronous=True if synchronous is False else None)
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None and save_dir is not None:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = Path(save_dir).absolute().as_uri()
+        super().__init__(experiment_name, None, run_id=run_id, tags=tags, run_name=run_name, tracking_uri=uri)
+        self.save_dir, self.prefix = None if save_dir is None else os.fspath(save_dir), prefix
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        super().log(_prefixed(values, self.prefix), step=step, **kwargs)
+
+    @property
+    def experiment(self) -> Any:
+        """Lightning's ``logger.experiment``: an ``mlflow.MlflowClient`` on the tracking URI."""
+        import mlflow
+
+        return mlflow.MlflowClient()
+
+    @property
+    def run_id(self) -> str | None:
+        return None if self.tracker is None else self._run_id

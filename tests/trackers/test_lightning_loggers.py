@@ -59,3 +59,44 @@ def test_tensorboard_logger_writes_lightnings_layout(tmp_path: Path) -> None:
     events = EventAccumulator(str(run))
     events.Reload()
     assert len(events.Scalars("train_loss")) == 8
+
+
+def test_wandb_logger_takes_lightnings_arguments_offline(tmp_path: Path, offline_env: Path) -> None:
+    pytest.importorskip("wandb")
+    import json
+
+    from test_tracker_wandb import _records
+
+    from callbacks.trackers import WandbLogger
+
+    logger = WandbLogger(name="first-run", project="proj", offline=True, save_dir=tmp_path / "wb", prefix="p")
+    _fit(tmp_path, logger)
+    (run_file,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    history, run = [], None
+    for kind, record in _records(run_file):
+        if kind == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+        elif kind == "run":
+            run = record.run
+    assert run is not None and run.project == "proj" and run.display_name == "first-run"
+    assert len([row for row in history if "p-train_loss" in row]) == 8
+    with pytest.raises(ValueError, match=r"WandbLogger does not support \['log_model'\]"):
+        WandbLogger(log_model=True)
+
+
+def test_mlflow_logger_takes_lightnings_arguments(tmp_path: Path, offline_env: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from callbacks.trackers import MLFlowLogger
+
+    logger = MLFlowLogger(experiment_name="exp", run_name="r1", save_dir=tmp_path / "mlruns", tags={"team": "a"})
+    _fit(tmp_path, logger)
+    client = MlflowClient((tmp_path / "mlruns").as_uri())  # Lightning's layout: save_dir is the file store
+    experiment = client.get_experiment_by_name("exp")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "r1" and run.data.tags["team"] == "a" and run.data.params == {"lr": "0.1"}
+    assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
+    with pytest.raises(ValueError, match=r"MLFlowLogger does not support \['asynchronous'\]"):
+        MLFlowLogger(synchronous=False)
