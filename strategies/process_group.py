@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
+import faulthandler
 import os
+import signal
+import socket
 import sys
+import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,7 +52,85 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
         timeout=datetime.timedelta(seconds=timeout),
     )
     atexit.register(teardown)
+    report_hung_ranks(cluster.rank, cluster.world_size, timeout)
     return True
+
+
+# A signal every worker answers by printing all its threads' Python stacks (faulthandler), for the hung-rank report.
+_STACK_SIGNAL = getattr(signal, "SIGRTMIN", 0) + 2 if hasattr(signal, "SIGRTMIN") else None
+_KEY = "trainwright/{kind}/{rank}"
+
+
+def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
+    """When a collective times out here, name the ranks that never reached it and dump their Python stacks.
+
+    A rank that hangs alive (stuck before a collective) makes the others fail after the process-group timeout
+    with gloo's bare "Timed out waiting ... for recv". Each process records its host and pid in the process
+    group's store now; on a timeout, each waiting process marks itself there, waits a moment for the other
+    waiting ones, and the unmarked ranks are the ones that never arrived: this process says so, names the
+    setting that changes the timeout, and has those on this machine print their stacks (faulthandler).
+    """
+    store = _default_store()
+    if store is None:
+        return
+    if _STACK_SIGNAL is not None:
+        faulthandler.register(_STACK_SIGNAL, all_threads=True, chain=False)
+    store.set(_KEY.format(kind="pid", rank=rank), f"{socket.gethostname()} {os.getpid()}")
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if _is_timeout(error):
+            with contextlib.suppress(Exception):  # the report must never hide the error itself
+                _report_timeout(store, rank, world_size, timeout)
+        previous(kind, error, tb)
+
+    sys.excepthook = hook
+
+
+def _is_timeout(error: BaseException) -> bool:
+    """gloo's timeout, or its error when a peer left the group (a collective called on some ranks only)."""
+    text = str(error)
+    parts = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "Read error")
+    return isinstance(error, RuntimeError) and any(part in text for part in parts)
+
+
+def _default_store() -> Any:
+    get = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return get() if get is not None else None
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> None:
+    store.set(_KEY.format(kind="waiting", rank=rank), "1")
+    time.sleep(min(5.0, max(1.0, timeout / 10)))  # the other waiting ranks time out at about the same moment
+    waiting = [r for r in range(world_size) if store.check([_KEY.format(kind="waiting", rank=r)])]
+    missing = [r for r in range(world_size) if r not in waiting]
+    here, alive, gone = socket.gethostname(), [], []
+    for r in missing:
+        host, pid = store.get(_KEY.format(kind="pid", rank=r)).decode().split()
+        if host != here or _STACK_SIGNAL is None:
+            continue
+        try:
+            os.kill(int(pid), _STACK_SIGNAL)
+            alive.append(r)
+        except ProcessLookupError:
+            gone.append(r)
+    if missing:
+        who = f"rank(s) {missing} never reached it"
+        who += f"; still running: {alive} (their Python stacks are printed too, by faulthandler)" if alive else ""
+        who += f"; already exited: {gone} (a collective called on some ranks only?)" if gone else ""
+    else:
+        who = "every rank reached it, so a rank probably called a different collective"
+    print(
+        f"trainwright: rank {rank} waited in a collective (timeout {timeout:g} s) and failed: {who}. The wait is the process-group "
+        "timeout: Accelerator(process_group_timeout=...), Trainer(process_group_timeout=...), `trainer launch "
+        "--process_group_timeout` or TRAINWRIGHT_PG_TIMEOUT; TRAINWRIGHT_DEBUG_COLLECTIVES=1 checks every collective's arguments",
+        file=sys.stderr,
+        flush=True,
+    )
+    time.sleep(0.5)  # let the dumped stacks reach the log before this process exits
 
 
 def debug_collectives() -> bool:
