@@ -133,5 +133,23 @@ class XLAStrategy(Strategy):
     def barrier(self, name: str | None = None) -> None:
         self._xm.rendezvous(name or "trainwright")
 
+    def module_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The weights on the CPU (XLA tensors are device handles; moving them also waits for pending steps)."""
+        return {k: v.cpu() for k, v in super().module_state_dict(module).items()}
+
+    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        """As the base class, with every tensor moved to the CPU first (what ``xm.save`` does); rank 0 writes."""
+        from strategies import checkpoint_io
+        from strategies.collectives import apply_to_tensors
+
+        self._xm.mark_step()
+        states = [self.module_state_dict(m) for m in models]
+        if self.rank != 0:
+            return
+        for i, state in enumerate(states):
+            writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
+        for i, opt in enumerate(optimizers):
+            writer.save_torch(checkpoint_io.indexed("optimizer", i, "bin"), apply_to_tensors(lambda t: t.cpu(), opt.state_dict()))
+
     def teardown(self) -> None:
         self._optimizers.clear()

@@ -157,7 +157,7 @@ def _trainer_run(strategy: str, tmp: str, accumulate: int, clip: float | None):
             "config": {k: trainer.strategy.engine.config[k] for k in ("gradient_accumulation_steps", "gradient_clipping")}}
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"])
 def test_trainer_deepspeed_matches_single_process_with_accumulation_and_clipping(strategy: str, tmp_path: Path) -> None:
     reference, _ = _reference(clip=0.5)
     out = run_distributed(_trainer_run, strategy, str(tmp_path), 2, 0.5)
