@@ -212,7 +212,8 @@ class DeepSpeedStrategy(Strategy):
     def engine_config(self, batch_size: int | None) -> dict[str, Any]:
         """The final config for ``deepspeed.initialize``."""
         config = copy.deepcopy(self.config)
-        config.update(self.precision.engine_config())
+        for name, section in self.precision.engine_config().items():  # keep the user's other bf16/fp16 options
+            config[name] = {**config.get(name, {}), **section}
         if config.get("gradient_accumulation_steps", _AUTO) == _AUTO:
             config["gradient_accumulation_steps"] = 1
         if config.get("train_micro_batch_size_per_gpu", _AUTO) == _AUTO:
@@ -384,7 +385,8 @@ class DeepSpeedStrategy(Strategy):
 
     def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
         path = Path(path)
-        if not (path / checkpoint_io.DEEPSPEED_DIR).is_dir():
+        if not (path / checkpoint_io.DEEPSPEED_DIR).is_dir() or self.engine is None:
+            # weights alone (no engine: a model prepared for evaluation), from model.safetensors
             if optimizers:
                 raise checkpoint_io.CheckpointError(
                     f"checkpoint {str(path)!r} was not written by strategy='deepspeed', and DeepSpeed cannot take another "
@@ -393,7 +395,7 @@ class DeepSpeedStrategy(Strategy):
                 )
             super().load_checkpoint(path, models, optimizers, strict=strict)
             return
-        engine = self._engine()
+        engine = self.engine
         loaded, _ = engine.load_checkpoint(
             str(path / checkpoint_io.DEEPSPEED_DIR),
             tag=_TAG,

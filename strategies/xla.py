@@ -61,7 +61,7 @@ class XLAStrategy(Strategy):
     """Data parallel over XLA devices: gradients all-reduced in the optimizer step, graphs cut at every step.
 
     Args:
-        cluster: the process layout; by default read from the XLA runtime (`torch_xla.runtime`).
+        cluster: the process layout; read from the XLA runtime (`torch_xla.runtime`) unless one from it is passed.
         cpu: refused (an XLA strategy runs on the XLA device; use strategy='single' for CPU).
         precision: ``"no"`` or ``"bf16"`` (autocast on the XLA device); ``"fp16"`` is refused (TPUs compute in bf16).
         timeout: accepted for a uniform signature; XLA's collectives have their own.
@@ -74,7 +74,7 @@ class XLAStrategy(Strategy):
             raise ValueError("strategy='xla' runs on the XLA device, but cpu=True was passed; use strategy='single' for CPU")
         torch_xla, xm, xr = import_xla()
         self._xm = xm
-        if cluster is None:
+        if cluster is None or cluster.source != "xla":  # the runtime knows the layout (xmp.spawn sets no RANK variables)
             cluster = ClusterEnvironment(
                 world_size=int(xr.world_size()), rank=int(xr.global_ordinal()), local_rank=int(xr.local_ordinal()),
                 local_world_size=int(xr.local_process_count()) if hasattr(xr, "local_process_count") else 1, source="xla",

@@ -206,6 +206,20 @@ def _save_resume_export(root: str, stage: int, load: bool):
     return final
 
 
+def _load_weights_only(root: str, stage: int):
+    """Prepare the model alone (evaluation: no engine below stage 3) and load the checkpoint's weights into it."""
+    from strategies import DeepSpeedStrategy
+    from trainer import Accelerator
+
+    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=stage))
+    torch.manual_seed(9)
+    model = acc.prepare(Net())
+    acc.load_state(f"{root}/state")
+    state = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+    acc.end_training()
+    return state
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_save_state_resumes_bitwise_and_exports_plain_weights(stage: int, tmp_path: Path) -> None:
     from safetensors.torch import load_file
@@ -219,6 +233,8 @@ def test_deepspeed_save_state_resumes_bitwise_and_exports_plain_weights(stage: i
     assert {n for n in names if n.startswith("deepspeed/") and "optim_states" in n} == {
         f"deepspeed/state/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)
     }  # each rank's partition, hashed by the rank that wrote it
+    weights_only = run_distributed(_load_weights_only, str(tmp_path), stage)
+    assert _max_diff(weights_only[0], load_file(str(tmp_path / "state" / "model.safetensors"))) == 0.0
     resumed = run_distributed(_save_resume_export, str(tmp_path), stage, True)
     assert [k for k in straight[0] if not torch.equal(straight[0][k], resumed[0][k])] == []
     plain = Net()
