@@ -246,7 +246,7 @@ class Strategy:
                 f"checkpoint {str(path)!r} holds DeepSpeed engine states, which only strategy='deepspeed' resumes (its "
                 f"optimizer states are partitioned by DeepSpeed); this run uses strategy={self.name!r}. Resume it with "
                 "strategy='deepspeed', or start from its weights alone (model.safetensors: TrainModule.load_from_checkpoint, "
-                "or Accelerator.load_state with only the model prepared)"
+                "or strategies.checkpoint_io.load_weights(directory, model))"
             )
         for i, model in enumerate(models):
             state = checkpoint_io.load_safetensors(path / checkpoint_io.indexed("model", i, "safetensors"))

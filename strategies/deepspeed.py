@@ -161,6 +161,7 @@ class DeepSpeedStrategy(Strategy):
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout = process_group_timeout(timeout)
         self.engine: Any = None
+        self._masters = False
         self._owns_group = False
 
     # configuration ------------------------------------------------------------------------------------
@@ -274,7 +275,8 @@ class DeepSpeedStrategy(Strategy):
             dist_init_required=False,
         )
         self.engine = engine
-        return engine, [] if optimizer is None else [optimizer]
+        self._masters = bool(optimizers) or "optimizer" in config  # the optimizer keeps float32 master copies
+        return engine, [] if optimizer is None or not self._masters else [optimizer]
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         raise ValueError(
@@ -339,7 +341,7 @@ class DeepSpeedStrategy(Strategy):
             if param is None:
                 state[name] = value.detach().cpu()
                 continue
-            full = safe_get_full_fp32_param(param) if self.engine is not None and self.engine.optimizer is not None else None
+            full = safe_get_full_fp32_param(param) if self._masters else None
             if full is None:
                 with self._gathered([param]):
                     full = param.detach().clone()
@@ -357,7 +359,7 @@ class DeepSpeedStrategy(Strategy):
         inner = self.unwrap_module(module)
         with self._gathered(list(inner.parameters()), modifier_rank=0):
             inner.load_state_dict(state, strict=strict)
-        if self.engine is None or self.engine.optimizer is None:
+        if not self._masters:
             return
         from deepspeed.utils import safe_set_full_fp32_param
 
@@ -391,7 +393,7 @@ class DeepSpeedStrategy(Strategy):
                 raise checkpoint_io.CheckpointError(
                     f"checkpoint {str(path)!r} was not written by strategy='deepspeed', and DeepSpeed cannot take another "
                     "strategy's optimizer states; resume it with the strategy that wrote it, or load its weights alone "
-                    "(Accelerator.load_state with only the model prepared, or TrainModule.load_from_checkpoint)"
+                    "(strategies.checkpoint_io.load_weights(directory, model), or TrainModule.load_from_checkpoint)"
                 )
             super().load_checkpoint(path, models, optimizers, strict=strict)
             return

@@ -239,7 +239,7 @@ class FSDPStrategy(Strategy):
             raise ValueError(
                 f"checkpoint {str(path)!r} holds full (unsharded) optimizer states, written by a non-sharded strategy; "
                 "strategy='fsdp' loads only sharded ones. Resume it with the strategy that wrote it, or load its "
-                "weights alone (TrainModule.load_from_checkpoint, or Accelerator.load_state with only the model prepared)"
+                "weights alone (TrainModule.load_from_checkpoint, or strategies.checkpoint_io.load_weights(directory, model))"
             )
         super().load_checkpoint(path, models, optimizers, strict=strict)
 

@@ -207,14 +207,16 @@ def _save_resume_export(root: str, stage: int, load: bool):
 
 
 def _load_weights_only(root: str, stage: int):
-    """Prepare the model alone (evaluation: no engine below stage 3) and load the checkpoint's weights into it."""
+    """Prepare the model alone (evaluation: an engine only at stage 3) and load the checkpoint's weights into it,
+    as the Trainer does for ``test(ckpt_path=...)``."""
     from strategies import DeepSpeedStrategy
+    from strategies.checkpoint_io import load_weights
     from trainer import Accelerator
 
     acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=stage))
     torch.manual_seed(9)
     model = acc.prepare(Net())
-    acc.load_state(f"{root}/state")
+    load_weights(Path(root) / "state", model, load_full=acc.strategy.load_module_state_dict)
     state = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
     acc.end_training()
     return state
@@ -361,5 +363,5 @@ def test_accelerate_config_deepspeed_section_reaches_the_strategy(monkeypatch: p
         assert strategy.config["gradient_clipping"] == 0.5  # from the DeepSpeed file the section names
     finally:
         acc.end_training()
-    with pytest.raises(ValueError, match=r"deepspeed_config has unknown key\(s\) \['zero_stages'\]"):
-        settings.updated(deepspeed_config={"zero_stages": 3})
+    with pytest.raises(ValueError, match=r"deepspeed_plugin has unknown key\(s\) \['zero_stages'\]"):
+        settings.updated(deepspeed_plugin={"zero_stages": 3})

@@ -183,15 +183,21 @@ def test_launch_current_script_starts_its_own_workers(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent(
             """\
-            import json, os, sys
+            import json, os, sys, time
             from trainer.launchers import launch_current_script
 
             if "RANK" not in os.environ:
                 launch_current_script(2, cpu=True, mixed_precision="bf16")
-            with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".json"), "w") as fh:
+            target = os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".json")
+            with open(target + ".tmp", "w") as fh:
                 json.dump({"WORLD_SIZE": os.environ["WORLD_SIZE"], "mp": os.environ["TRAINWRIGHT_MIXED_PRECISION"],
                            "argv": sys.argv[1:]}, fh)
+            os.replace(target + ".tmp", target)  # complete when it appears
             if os.environ["RANK"] == "1":
+                # fail only once rank 0 has written its file: the agent stops the others when a rank fails
+                deadline = time.monotonic() + 60
+                while not os.path.exists(os.path.join(sys.argv[1], "rank0.json")) and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 sys.exit(5)
             """
         )

@@ -111,8 +111,8 @@ class Accelerator:
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
         ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
-        if deepspeed_plugin is None and (strategy or env_setting("STRATEGY", "auto")) == "deepspeed" and env_setting("DEEPSPEED_CONFIG"):
-            deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_CONFIG"))))  # from `trainer launch`'s config
+        if deepspeed_plugin is None and (strategy or env_setting("STRATEGY", "auto")) == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):
+            deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_PLUGIN"))))  # from `trainer launch`'s config
         if deepspeed_plugin is not None:
             if strategy not in (None, "deepspeed"):
                 raise ValueError(f"deepspeed_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='deepspeed')")
@@ -237,13 +237,12 @@ class Accelerator:
                 )
         # Models first: optimizers must see the parameters after they moved to the device.
         out: list[Any] = list(args)
-        if self.strategy.joint_setup:
-            self._prepare_jointly(args, out, placements)
+        done = self._prepare_jointly(args, out, placements) if self.strategy.joint_setup else set()
         for i, obj in enumerate(args):
-            if isinstance(obj, nn.Module) and out[i] is obj:
+            if isinstance(obj, nn.Module) and i not in done:
                 out[i] = self.prepare_model(obj, device_placement=placements[i])
         for i, obj in enumerate(args):
-            if isinstance(obj, torch.optim.Optimizer) and out[i] is obj:
+            if isinstance(obj, torch.optim.Optimizer) and i not in done:
                 out[i] = self.prepare_optimizer(obj)
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
@@ -252,14 +251,15 @@ class Accelerator:
                 out[i] = self.prepare_data_loader(obj, device_placement=placements[i])
         return out[0] if len(out) == 1 else tuple(out)
 
-    def _prepare_jointly(self, args: tuple[Any, ...], out: list[Any], placements: list[bool]) -> None:
-        """Set up the model and its optimizer in one strategy call (DeepSpeed's engine builds both at once)."""
+    def _prepare_jointly(self, args: tuple[Any, ...], out: list[Any], placements: list[bool]) -> set[int]:
+        """Set up the model and its optimizer in one strategy call (DeepSpeed's engine builds both at once);
+        returns the positions in `args` it prepared."""
         models = [i for i, obj in enumerate(args) if isinstance(obj, nn.Module)]
         optimizers = [i for i, obj in enumerate(args) if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer)]
         if not models:
             if optimizers:
                 self.strategy.setup_optimizer(args[optimizers[0]])  # raises: the optimizer needs its model in this call
-            return
+            return set()
         if len(models) > 1:
             raise ValueError(
                 f"strategy={self.strategy.name!r} drives one model per Accelerator, but prepare() got {len(models)}; "
@@ -279,6 +279,7 @@ class Accelerator:
         for j, optimizer in zip(optimizers, prepared):
             out[j] = PreparedOptimizer(optimizer, self, original=args[j])
             self._optimizers.append(out[j])
+        return {i, *optimizers}
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
         """Place `model` on the device and wrap it for the strategy (DDP, FSDP); ``evaluation_mode`` skips the wrapping.

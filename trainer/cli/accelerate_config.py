@@ -47,7 +47,6 @@ _IGNORED = frozenset(
         "mpirun_config",
         "dynamo_config",
         "fsdp_config",
-        "deepspeed_config",
         "megatron_lm_config",
         "fp8_config",
         "parallelism_config",
@@ -55,7 +54,7 @@ _IGNORED = frozenset(
         "use_mps_device",
     }
 )
-_ACCELERATE_ONLY = frozenset({"distributed_type", "use_cpu", "downcast_bf16"}) | _IGNORED
+_ACCELERATE_ONLY = frozenset({"distributed_type", "use_cpu", "downcast_bf16", "deepspeed_config"}) | _IGNORED
 
 
 def is_accelerate_config(data: Mapping[str, Any]) -> bool:
@@ -105,7 +104,7 @@ def settings_from_accelerate(data: Mapping[str, Any], *, source: str = "<config>
     if kind == "FSDP" and data.get("fsdp_config"):
         warnings.warn(f"fsdp_config in {source!r} is not read; configure the 'fsdp' strategy in code (FSDPStrategy)", stacklevel=2)
     if kind == "DEEPSPEED" and data.get("deepspeed_config"):
-        values["deepspeed_config"] = _deepspeed_section(data["deepspeed_config"], source)
+        values["deepspeed_plugin"] = _deepspeed_section(data["deepspeed_config"], source)
     return LaunchSettings(**values)
 
 

@@ -57,7 +57,7 @@ class LaunchSettings:
         gradient_accumulation_steps: default gradient accumulation steps.
         process_group_timeout: process-group timeout in seconds (``None``: 300).
         gpu_ids: GPUs to use, e.g. ``"0,1"`` (``None``/``"all"``: all of them).
-        deepspeed_config: `DeepSpeedPlugin` arguments for ``strategy: deepspeed`` (``zero_stage``,
+        deepspeed_plugin: `DeepSpeedPlugin` arguments for ``strategy: deepspeed`` (``zero_stage``,
             ``offload_optimizer_device``, ``gradient_clipping``, ``hf_ds_config`` (a DeepSpeed JSON file), ...);
             config files only.
     """
@@ -76,7 +76,7 @@ class LaunchSettings:
     gradient_accumulation_steps: int = 1
     process_group_timeout: float | None = None
     gpu_ids: str | None = None
-    deepspeed_config: dict[str, Any] | None = None
+    deepspeed_plugin: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -117,16 +117,16 @@ class LaunchSettings:
             raise ValueError(f"cpu={self.cpu!r} must be true or false")
         if not isinstance(self.strategy, str) or not self.strategy:
             raise ValueError(f"strategy={self.strategy!r} must be a strategy name such as 'auto', 'ddp' or 'single'")
-        if self.deepspeed_config is not None:
+        if self.deepspeed_plugin is not None:
             from trainer.accelerator.config import DeepSpeedPlugin
 
-            if not isinstance(self.deepspeed_config, dict):
-                raise ValueError(f"deepspeed_config={self.deepspeed_config!r} must be a mapping of DeepSpeedPlugin arguments, e.g. {{zero_stage: 3}}")
+            if not isinstance(self.deepspeed_plugin, dict):
+                raise ValueError(f"deepspeed_plugin={self.deepspeed_plugin!r} must be a mapping of DeepSpeedPlugin arguments, e.g. {{zero_stage: 3}}")
             known = [f.name for f in fields(DeepSpeedPlugin)]
-            unknown = sorted(set(self.deepspeed_config) - set(known))
+            unknown = sorted(set(self.deepspeed_plugin) - set(known))
             if unknown:
-                raise ValueError(f"deepspeed_config has unknown key(s) {unknown}; known: {known}")
-            DeepSpeedPlugin(**self.deepspeed_config)  # its own checks
+                raise ValueError(f"deepspeed_plugin has unknown key(s) {unknown}; known: {known}")
+            DeepSpeedPlugin(**self.deepspeed_plugin)  # its own checks
         if self.process_group_timeout is not None:
             if isinstance(self.process_group_timeout, bool) or not isinstance(self.process_group_timeout, (int, float)):
                 raise ValueError(
