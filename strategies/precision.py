@@ -166,8 +166,9 @@ class DeepSpeedPrecision(Precision):
     """Mixed precision inside the DeepSpeed engine: the engine keeps the module in bf16 (its optimizer keeps
     float32 master weights) and scales fp16 losses itself, so no autocast and no scaler run here.
 
-    The module's forward casts floating-point inputs to the module's dtype and returns float32 outputs, so a
-    float32 batch and a float32 loss work unchanged (Lightning's DeepSpeed precision does the same).
+    The module's forward casts floating-point inputs to the dtype of the module's parameters (bf16 inside the
+    engine, float32 for a module prepared for evaluation only) and returns float32 outputs, so a float32 batch and
+    a float32 loss work unchanged (Lightning's DeepSpeed precision does the same).
     """
 
     def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
@@ -181,13 +182,16 @@ class DeepSpeedPrecision(Precision):
     def convert_module(self, module: nn.Module) -> nn.Module:
         if self.dtype is None or getattr(module.forward, "_trainwright_autocast", False):
             return module
-        original, dtype = module.forward, self.dtype
-
-        def cast(tensor: torch.Tensor) -> torch.Tensor:
-            return tensor.to(dtype) if tensor.is_floating_point() else tensor
+        original = module.forward
+        first = next((p for p in module.parameters() if p.is_floating_point()), None)
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
+            dtype = first.dtype if first is not None else self.dtype  # the engine's bf16, or float32 outside it (evaluation)
+
+            def cast(tensor: torch.Tensor) -> torch.Tensor:
+                return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
             output = original(*apply_to_tensors(cast, args), **apply_to_tensors(cast, kwargs))
             return apply_to_tensors(_to_fp32, output)
 
