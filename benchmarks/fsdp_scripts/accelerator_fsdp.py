@@ -14,15 +14,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.fsdp_scripts.model import WIDTH, Block, make_model
-from strategies import FSDPStrategy
+from strategies import FSDPStrategy, Strategy
 from trainer import Accelerator
 
 WARMUP, SAVES = 10, 3
 
 
-def main() -> None:
+def main(strategy: Strategy | None = None) -> None:
+    """Train, save and load with `strategy` (default: FSDP2, each block its own unit); the DeepSpeed benchmark reuses it."""
     result, steps, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    accelerator = Accelerator(strategy=FSDPStrategy(wrap_classes=[Block], timeout=60))
+    accelerator = Accelerator(strategy=strategy or FSDPStrategy(wrap_classes=[Block], timeout=60))
     world = accelerator.num_processes
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
