@@ -166,6 +166,19 @@ class Strategy:
         """Skip gradient synchronization inside the block (gradient accumulation)."""
         return contextlib.nullcontext()
 
+    def trigger_sync_in_backward(self, module: nn.Module) -> AbstractContextManager[Any]:
+        """Reduce `module`'s gradients in the next backward inside the block, even within `no_sync`."""
+        return contextlib.nullcontext()
+
+    def join(self, joinables: list[Any], enable: bool) -> AbstractContextManager[Any]:
+        """Let processes with fewer batches shadow the others' gradient reductions (``enable``); DDP only."""
+        if enable:
+            raise NotImplementedError(
+                f"join_uneven_inputs with uneven batches needs strategy='ddp': the {type(self).__name__} cannot let a process "
+                "that ran out of batches shadow the others, and they would hang. Keep even_batches=True (the default)"
+            )
+        return contextlib.nullcontext()
+
     def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
         """Keep `module`'s full parameters on every process inside the block, so its forward needs no collective.
 

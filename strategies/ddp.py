@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -76,6 +77,30 @@ class DDPStrategy(Strategy):
         if isinstance(module, nn.parallel.DistributedDataParallel):
             return module.no_sync()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, module: nn.Module) -> Iterator[None]:
+        """Arm DDP's reducer now, so the next backward all-reduces even inside `no_sync` (Accelerate's recipe)."""
+        if not isinstance(module, nn.parallel.DistributedDataParallel):
+            yield
+            return
+        saved = module.require_backward_grad_sync, module.require_forward_param_sync
+        module.require_backward_grad_sync = module.require_forward_param_sync = True
+        module.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            module.require_backward_grad_sync, module.require_forward_param_sync = saved
+
+    def join(self, joinables: list[Any], enable: bool) -> AbstractContextManager[Any]:
+        from torch.distributed.algorithms import Join, Joinable
+
+        if not isinstance(joinables, (list, tuple)):
+            raise TypeError(f"joinables={joinables!r} must be a list of prepared models, e.g. join_uneven_inputs([model])")
+        bad = [j for j in joinables if not isinstance(j, Joinable)]
+        if bad:
+            raise TypeError(f"join_uneven_inputs takes the models prepared for DDP; {bad!r} cannot join (pass what prepare() returned)")
+        return Join(list(joinables), enable=enable, throw_on_early_termination=False)
 
     def prepare_for_backward(self, module: nn.Module, output: Any) -> None:
         """Prepare DDP's reducer for a backward of `output` that did not come from ``module.forward``.

@@ -210,6 +210,20 @@ class FSDPStrategy(Strategy):
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         return _without_gradient_sync(module)
 
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, module: nn.Module) -> Iterator[None]:
+        """FSDP reduces in backward hooks: turning the sync back on for the block is enough."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(module, FSDPModule):
+            yield
+            return
+        module.set_requires_gradient_sync(True)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(not getattr(module, "_trainwright_sync_off", False))
+
     def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
         return _unsharded(module, self.reshard_after_forward)
 
@@ -256,9 +270,11 @@ def _without_gradient_sync(module: nn.Module) -> Iterator[None]:
         yield
         return
     module.set_requires_gradient_sync(False)
+    module.__dict__["_trainwright_sync_off"] = True  # read by trigger_sync_in_backward
     try:
         yield
     finally:
+        module.__dict__["_trainwright_sync_off"] = False
         module.set_requires_gradient_sync(True)
 
 

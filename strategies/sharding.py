@@ -33,6 +33,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
+import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler, SequentialSampler
 
 T = TypeVar("T")
@@ -50,6 +51,7 @@ __all__ = [
     "shard_num_batches",
     "shard_spans",
     "shard_stream",
+    "split_for_process",
     "take_span",
 ]
 
@@ -332,6 +334,50 @@ def flat_indices(sampler: Any) -> Sequence[int]:
         indices: list[int] = sampler.indices_tensor().tolist()
         return indices
     return list(sampler)
+
+
+def split_for_process(inputs: Any, num_processes: int, process_index: int, *, apply_padding: bool = False) -> Any:
+    """Process `process_index`'s contiguous share of `inputs` (a list, tuple, tensor, or dict of them of one length).
+
+    The first ``len % num_processes`` processes get one item more; with more processes than items the last
+    ones get an empty share (each item once). ``apply_padding`` repeats the last item of `inputs` until every
+    share is as long as the first. With one process, `inputs` itself. ``split_between_processes`` of both faces.
+    """
+    check_processes(num_processes, process_index)
+    if num_processes == 1:
+        return inputs
+    if isinstance(inputs, dict):
+        lengths = {key: _split_length(value, f"inputs[{key!r}]") for key, value in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"split_between_processes needs every value of the dict to have one length, got lengths {lengths}")
+        return {key: split_for_process(value, num_processes, process_index, apply_padding=apply_padding)
+                for key, value in inputs.items()}
+    length = _split_length(inputs, "inputs")
+    per, extra = divmod(length, num_processes)
+    begin = process_index * per + min(process_index, extra)
+    end = begin + per + (1 if process_index < extra else 0)
+    missing = per + (1 if extra else 0) - (end - begin) if apply_padding and length else 0
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):  # a `datasets.Dataset`
+        return inputs.select([*range(begin, end), *[length - 1] * missing])
+    share: Any = inputs[begin:end]
+    if missing == 0:
+        return share
+    if isinstance(inputs, torch.Tensor):
+        return torch.cat([share, inputs[-1:].expand(missing, *inputs.shape[1:])])
+    return share + type(share)([inputs[-1]] * missing)
+
+
+def _split_length(value: Any, name: str) -> int:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            raise ValueError(f"{name} is a 0-d tensor ({value!r}); split_between_processes splits along dim 0")
+        return len(value)
+    if not isinstance(value, (list, tuple)) and not (hasattr(value, "select") and hasattr(value, "__len__")):
+        raise TypeError(
+            f"{name} is a {type(value).__name__}; split_between_processes splits a list, tuple, tensor, or a dict of them "
+            "(convert it first, e.g. list(...))"
+        )
+    return len(value)
 
 
 class BatchSamplerShard(Sampler[list[int]]):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from callbacks.trackers.base import GeneralTracker, flat_config, on_main_process, require_package, split_text
+from callbacks.trackers.base import GeneralTracker, flat_config, on_main_process, require_package, sanitize_config, split_text
 
 
 class TensorBoardTracker(GeneralTracker):
     """Log scalars (``add_scalar``), strings (``add_text``) and the config (``add_hparams``).
 
-    Event files go to ``<logging_dir>/<run_name>``; the hyperparameters land in the same folder.
+    Event files go to ``<logging_dir>/<run_name>``; the hyperparameters land in the same folder, in the
+    event file and, as Accelerate writes them, in ``hparams.yml``.
     ``init_kwargs`` go to ``torch.utils.tensorboard.SummaryWriter`` (e.g. ``flush_secs``).
     Needs ``pip install tensorboard``.
     """
@@ -39,6 +40,10 @@ class TensorBoardTracker(GeneralTracker):
         if config:
             self._run.add_hparams(config, metric_dict={}, run_name=".")
             self._run.flush()
+        import yaml
+
+        with open(os.path.join(self.log_dir, "hparams.yml"), "w", encoding="utf-8") as file:
+            yaml.safe_dump(sanitize_config(values), file, sort_keys=False)
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:

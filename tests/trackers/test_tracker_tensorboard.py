@@ -38,6 +38,9 @@ def test_tensorboard_round_trip(run_scenario, offline_env):
     assert hparams["batch_size"].number_value == 32
     assert hparams["optimizer/name"].string_value == "adamw"
     assert set(hparams) == set(FLAT_CONFIG)
+    import yaml
+
+    assert yaml.safe_load((run_dir / "hparams.yml").read_text()) == CONFIG  # as Accelerate writes it, nested
 
     text_events = EventAccumulator(str(offline_env / "out" / "tb-text"), size_guidance={"tensors": 0})
     text_events.Reload()

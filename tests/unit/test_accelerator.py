@@ -249,7 +249,7 @@ def test_single_process_helpers():
     acc = Accelerator(cpu=True)
     assert acc.is_last_process and acc.is_main_process
     assert acc.on_process(lambda: "ran", process_index=0)() == "ran"
-    assert acc.on_process(lambda: "ran", process_index=1)() is None
+    assert acc.on_process(lambda: "ran", process_index=1)() == "ran"  # one process runs everything, as in Accelerate
     assert acc.on_main_process(lambda: 1)() == 1 and acc.on_local_main_process(lambda: 2)() == 2
     with acc.main_process_first(), acc.local_main_process_first():
         pass

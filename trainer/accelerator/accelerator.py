@@ -17,7 +17,6 @@ unequal gathers, an inexact resume).
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import os
@@ -43,6 +42,7 @@ from trainer.accelerator.config import (
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
+from trainer.accelerator.layout import AcceleratorState, distributed_type, share_strategy
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 
 _UNSET: Any = object()
@@ -122,6 +122,8 @@ class Accelerator:
                                          **deepspeed_plugin.strategy_kwargs())
         self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
         self.strategy.setup_environment()
+        share_strategy(self.strategy)
+        self._state = AcceleratorState._of(self.strategy)
         self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
         self.device_placement = device_placement
         self.rng_types = rng_types
@@ -142,6 +144,11 @@ class Accelerator:
             self._tracker_hub()  # validate names now, not after an hour of training
 
     # properties ---------------------------------------------------------------------------------------
+    @property
+    def state(self) -> AcceleratorState:
+        """A read-only view: ``num_processes``, ``process_index``, ``device``, ``distributed_type``, ``mixed_precision``..."""
+        return self._state
+
     @property
     def device(self) -> torch.device:
         return self.strategy.device
@@ -172,12 +179,7 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        named = {"fsdp": DistributedType.FSDP, "deepspeed": DistributedType.DEEPSPEED, "xla": DistributedType.XLA}
-        if self.strategy.name in named:
-            return named[self.strategy.name]
-        if self.num_processes == 1:
-            return DistributedType.NO
-        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+        return distributed_type(self.strategy)
 
     @property
     def mixed_precision(self) -> str:
@@ -217,6 +219,11 @@ class Accelerator:
     @property
     def logging_dir(self) -> str | None:
         return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatically named checkpoint gets (``checkpoint_<n>``)."""
+        return self.project_configuration.iteration
 
     @property
     def use_distributed(self) -> bool:
@@ -384,6 +391,38 @@ class Accelerator:
         """Skip DDP gradient sync in the block (gradients still accumulate locally)."""
         return self.strategy.no_sync(model)
 
+    def trigger_sync_in_backward(self, model: nn.Module) -> AbstractContextManager[Any]:
+        """Make the next backward in the block reduce `model`'s gradients, even inside `no_sync`/`accumulate`.
+
+        For a step with several forwards under ``no_sync`` and one backward of their combined loss: DDP arms
+        its gradient reduction in ``forward``, so the backward would otherwise reduce nothing.
+        """
+        return self.strategy.trigger_sync_in_backward(model)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train DDP models on processes with different batch counts (PyTorch's ``Join``).
+
+        `even_batches` overrides the prepared loaders' setting inside the block; ``even_batches=False`` makes
+        the loaders uneven and turns the join on. DDP only: a sharded strategy cannot join, and asking it to
+        raises (its next collective would hang). With one process nothing happens.
+        """
+        if even_batches is not None and not isinstance(even_batches, bool):
+            raise TypeError(f"even_batches={even_batches!r} must be True, False or None (keep the loaders' setting)")
+        shards: list[Any] = [getattr(loader, "_shard", None) for loader in self._dataloaders]
+        shards = [shard for shard in shards if hasattr(shard, "even_batches")]
+        saved = [(shard, shard.even_batches) for shard in shards]
+        if even_batches is not None:
+            for shard in shards:
+                shard.even_batches = even_batches
+        uneven = not (self.even_batches if even_batches is None else even_batches)
+        try:
+            with self.strategy.join(joinables, enable=uneven and self.use_distributed):
+                yield
+        finally:
+            for shard, value in saved:
+                shard.even_batches = value
+
     def autocast(self, autocast_handler: Any = None) -> AbstractContextManager[Any]:
         """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``)."""
         return self.strategy.precision.autocast()
@@ -467,49 +506,41 @@ class Accelerator:
     def wait_for_everyone(self) -> None:
         self.strategy.barrier()
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> AbstractContextManager[None]:
         """Run the block on the main process first, then on the others."""
-        if not self.is_main_process:
-            self.wait_for_everyone()
-        yield
-        if self.is_main_process:
-            self.wait_for_everyone()
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        if not self.is_local_main_process:
-            self.wait_for_everyone()
-        yield
-        if self.is_local_main_process:
-            self.wait_for_everyone()
+    def local_main_process_first(self) -> AbstractContextManager[None]:
+        """Run the block on the main process of each machine first, then on the others."""
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> AbstractContextManager[Any]:
+        """This process's share of a list, tuple, tensor or dict of them; see `PartialState.split_between_processes`."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run `function` on the main process only."""
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_main_process else None
-        return wrapper
+        """Decorator: run `function` on the main process only (with one process, always)."""
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run `function` on the main process of each node only."""
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_local_main_process else None
-        return wrapper
+        """Decorator: run `function` on the main process of each machine only."""
+        return self.state.on_local_main_process(function)
 
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.process_index == process_index else None
-        return wrapper
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run `function` on the last process only."""
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run `function` on process `process_index` only."""
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: run `function` on local process `local_process_index` of each machine only."""
+        return self.state.on_local_process(function, local_process_index=local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
+        self.state.print(*args, **kwargs)
 
     # models and checkpoints ---------------------------------------------------------------------------
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:

@@ -1,0 +1,213 @@
+"""The process layout both Accelerate names describe: `PartialState` and `AcceleratorState` (``trainer.state``).
+
+`PartialState` is the process layout (rank, count, device) and the helpers that need nothing else: for a
+script without an `Accelerator`, e.g. inference split over processes::
+
+    state = PartialState()
+    with state.split_between_processes(prompts) as mine:
+        outputs = [generate(p) for p in mine]
+
+`Accelerator.state` is an `AcceleratorState`: the same view plus the accelerator's precision, read-only.
+As in Accelerate every `PartialState()` of a process shares one layout: the newest `Accelerator`'s, or
+the one the first `PartialState()` set up when there is no `Accelerator`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, Self
+
+import torch
+
+from strategies import Strategy
+from strategies.sharding import split_for_process
+from trainer.accelerator.config import DistributedType
+
+_shared: list[Strategy] = []  # the process's layout
+
+
+def share_strategy(strategy: Strategy) -> None:
+    """Make `strategy` the layout `PartialState()` reports (each `Accelerator` calls it)."""
+    _shared[:] = [strategy]
+
+
+def distributed_type(strategy: Strategy) -> DistributedType:
+    """Accelerate's name for what kind of run `strategy` does."""
+    named = {"fsdp": DistributedType.FSDP, "deepspeed": DistributedType.DEEPSPEED, "xla": DistributedType.XLA}
+    if strategy.name in named:
+        return named[strategy.name]
+    if strategy.world_size == 1:
+        return DistributedType.NO
+    return DistributedType.MULTI_GPU if strategy.device.type == "cuda" else DistributedType.MULTI_CPU
+
+
+class PartialState:
+    """The process layout and its helpers, without an `Accelerator` (Accelerate's ``PartialState``).
+
+    Args:
+        cpu: use the CPU even when an accelerator is present (only when this call sets the layout up).
+    """
+
+    __slots__ = ("_strategy",)
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"PartialState() got unsupported arguments {sorted(kwargs)}; it takes only cpu=")
+        if not _shared:
+            from trainer.accelerator.accelerator import _build_strategy
+
+            strategy = _build_strategy(None, cpu=cpu, precision="no", timeout=None, ddp=None)
+            strategy.setup_environment()
+            share_strategy(strategy)
+        self._strategy = _shared[0]
+
+    @classmethod
+    def _of(cls, strategy: Strategy) -> Self:
+        view = object.__new__(cls)
+        view._strategy = strategy
+        return view
+
+    # the layout ---------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._strategy.device
+
+    @property
+    def process_index(self) -> int:
+        return self._strategy.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self._strategy.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self._strategy.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return distributed_type(self._strategy)
+
+    @property
+    def initialized(self) -> bool:
+        return True
+
+    # helpers ------------------------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        self._strategy.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process of each machine first, then on the others."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, first: bool) -> Iterator[None]:
+        if not first:
+            self.wait_for_everyone()
+        yield
+        if first:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's contiguous share of `inputs`: a list, tuple, tensor, or a dict of them of one length.
+
+        The first ``len(inputs) % num_processes`` processes get one item more; with more processes than items
+        the last ones get an empty share. ``apply_padding=True`` repeats the last item of `inputs` so every
+        process gets as many (drop the copies after a gather). One process gets `inputs` itself.
+        """
+        yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding=apply_padding)
+
+    # decorators: with one process every one of them runs the function, as in Accelerate ------------------
+    def _runs_here(self, here: bool, function: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(function):
+            raise TypeError(f"expected a function to decorate, got {function!r}")
+        if here or not self.use_distributed:
+            return function
+
+        @functools.wraps(function)
+        def skipped(*args: Any, **kwargs: Any) -> None:
+            return None
+        return skipped
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run `function` on the main process only (calls elsewhere return None)."""
+        return self._runs_here(self.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run `function` on the main process of each machine only."""
+        return self._runs_here(self.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run `function` on the last process only."""
+        return self._runs_here(self.is_last_process, function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run `function` on process `process_index` only (``@state.on_process(process_index=1)``)."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._runs_here(self.process_index == _index(process_index, "process_index"), function)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
+        """Decorator: run `function` on local process `local_process_index` of each machine only."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._runs_here(self.local_process_index == _index(local_process_index, "local_process_index"), function)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+                f"process_index={self.process_index}, device={self.device})")
+
+
+class AcceleratorState(PartialState):
+    """`PartialState` plus the precision: what `Accelerator.state` returns (read-only)."""
+
+    __slots__ = ()
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._strategy.precision.mode
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._strategy
+
+
+def _index(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be an int >= 0, e.g. @state.on_process({name}=1)")
+    return value
+
+
+__all__ = ["AcceleratorState", "DistributedType", "PartialState"]
