@@ -161,3 +161,24 @@ def test_join_and_trigger_sync_do_nothing_on_one_process() -> None:
     assert model.weight.grad is not None
     with pytest.raises(TypeError, match="even_batches='no'"), acc.join_uneven_inputs([model], even_batches="no"):  # type: ignore[arg-type]
         pass
+
+
+def test_use_stateful_dataloader_recipe_resumes_at_the_next_batch() -> None:
+    # Accelerate's recipe for StatefulDataLoader-backed loaders: state_dict() mid-epoch, load_state_dict() later
+    from trainer.utils import DataLoaderConfiguration
+
+    def loader() -> DataLoader:
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        return acc.prepare(DataLoader(list(range(10)), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(3)))
+
+    first = loader()
+    seen, state = [], None
+    for i, batch in enumerate(first):
+        seen.append(batch.tolist())
+        if i == 1:
+            state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == seen[2:]
+    with pytest.raises(TypeError, match="use_stateful_dataloader='yes'"):
+        DataLoaderConfiguration(use_stateful_dataloader="yes")  # type: ignore[arg-type]

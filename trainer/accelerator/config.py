@@ -52,7 +52,13 @@ class ProjectConfiguration:
 
 @dataclass
 class DataLoaderConfiguration:
-    """How `prepare` shards data loaders."""
+    """How `prepare` shards data loaders.
+
+    ``use_stateful_dataloader`` is accepted for Accelerate scripts: every prepared loader here is stateful
+    (``state_dict()``/``load_state_dict()`` resume at the next batch, and `save_state` records the position),
+    with or without torchdata, so the flag changes nothing. The loader is ours, not a torchdata
+    ``StatefulDataLoader``.
+    """
 
     split_batches: bool = False
     even_batches: bool = True
@@ -60,8 +66,11 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = True
     non_blocking: bool = False
     data_seed: int | None = None
+    use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.use_stateful_dataloader, bool):
+            raise TypeError(f"use_stateful_dataloader={self.use_stateful_dataloader!r} must be True or False")
         if self.dispatch_batches:
             raise NotImplementedError(
                 "dispatch_batches=True (rank 0 loads and scatters every batch) is not supported; every rank loads its own shard. "
