@@ -68,17 +68,20 @@ def offline_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 @pytest.fixture
 def run_scenario(offline_env: Path) -> Callable[..., Any]:
-    """Drive a `TrackerHub` like an Accelerate script: init with CONFIG, log STEPS, end training."""
+    """Accelerate's tracker guide with only the import renamed: init with CONFIG, log STEPS, end training.
+
+    Every backend's round-trip test reads what these calls wrote back from disk; returns the tracker hub.
+    """
 
     def run(log_with: Any, project_name: str = "proj", init_kwargs: dict[str, Any] | None = None) -> Any:
-        from callbacks.trackers import TrackerHub
+        from trainer import Accelerator
 
-        hub = TrackerHub(log_with, project_dir=offline_env / "out", is_main_process=True)
-        hub.init(project_name, config=CONFIG, init_kwargs=init_kwargs)
+        accelerator = Accelerator(log_with=log_with, project_dir=offline_env / "out", cpu=True)
+        accelerator.init_trackers(project_name, config=CONFIG, init_kwargs=init_kwargs)
         for step in STEPS:
-            hub.log(step_values(step), step=step)
-        hub.finish()
-        return hub
+            accelerator.log(step_values(step), step=step)
+        accelerator.end_training()
+        return accelerator._tracker_hub()
 
     return run
 
