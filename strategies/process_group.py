@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import datetime
 import faulthandler
+import json
 import os
 import signal
 import socket
@@ -87,6 +88,26 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
     sys.excepthook = hook
 
 
+def _leave_report(rank: int, report: dict[str, Any]) -> None:
+    """Write `report` where ``trainer launch`` reads it for its summary (``TRAINWRIGHT_FAULT_DIR``, when set)."""
+    folder = os.environ.get("TRAINWRIGHT_FAULT_DIR")
+    if folder and os.path.isdir(folder):
+        path = os.path.join(folder, f"hung-{rank}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as file:
+            json.dump(report, file)
+        os.replace(path + ".tmp", path)
+
+
+def read_hung_reports(folder: str) -> list[dict[str, Any]]:
+    """The reports `_leave_report` wrote in `folder`, lowest waiting rank first."""
+    reports = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("hung-") and name.endswith(".json"):
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(folder, name), encoding="utf-8") as file:
+                reports.append(json.load(file))
+    return sorted(reports, key=lambda r: r["waiting"])
+
+
 def _is_timeout(error: BaseException) -> bool:
     """gloo's timeout, or its error when a peer left the group (a collective called on some ranks only)."""
     text = str(error)
@@ -123,6 +144,7 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
         who += f"; already exited: {gone} (a collective called on some ranks only?)" if gone else ""
     else:
         who = "every rank reached it, so a rank probably called a different collective"
+    _leave_report(rank, {"waiting": rank, "missing": missing, "alive": alive, "gone": gone, "timeout": timeout})
     print(
         f"trainwright: rank {rank} waited in a collective (timeout {timeout:g} s) and failed: {who}. The wait is the process-group "
         "timeout: Accelerator(process_group_timeout=...), Trainer(process_group_timeout=...), `trainer launch "

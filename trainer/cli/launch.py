@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
@@ -127,13 +128,18 @@ def torchrun_arguments(
     return [*args, script, *script_args]
 
 
-def describe_failure(error: Any, prefer: Collection[int] = ()) -> tuple[int, str]:
+def describe_failure(error: Any, prefer: Collection[int] = (), hung: Sequence[Mapping[str, Any]] = ()) -> tuple[int, str]:
     """Exit code and message for a ``ChildFailedError``, naming the rank that caused it.
 
-    The cause is chosen in this order: ranks in ``prefer``; ranks that exited on their own before ranks the
-    agent stopped (SIGTERM/SIGKILL); the earliest failure; the lowest rank.
+    The cause is chosen in this order: ranks a waiting rank reported as never reaching its collective
+    (`hung`, from ``strategies.process_group``); ranks in ``prefer``; ranks that exited on their own before
+    ranks the agent stopped (SIGTERM/SIGKILL); the earliest failure; the lowest rank. The exit code is the
+    first failure's own.
     """
     failures = error.failures
+    report = next((r for r in hung if r.get("missing")), None)
+    if report is not None:
+        return _describe_hang(failures, report)
 
     def order(item: tuple[int, Any]) -> tuple[bool, bool, bool, int, int]:
         rank, failure = item
@@ -149,6 +155,28 @@ def describe_failure(error: Any, prefer: Collection[int] = ()) -> tuple[int, str
     if others:
         lines.append("  also failed: " + ", ".join(others))
     lines.append("  the other ranks were stopped; see the traceback of the failing rank above")
+    return code, "\n".join(lines)
+
+
+def _describe_hang(failures: Mapping[int, Any], report: Mapping[str, Any]) -> tuple[int, str]:
+    missing, waiting = report["missing"], report["waiting"]
+    culprit = failures.get(missing[0])
+    code = _exit_code(failures[waiting].exitcode)[0] if waiting in failures else 1
+    if report.get("alive"):
+        state = "it was still running (its Python stack is printed above)"
+    elif report.get("gone"):
+        state = "it had already exited (a collective called on some ranks only?)"
+    else:
+        state = "it ran on another machine"
+    pid = "" if culprit is None else f" (pid {culprit.pid})"
+    first = (f"trainer launch: rank {missing[0]}{pid} never reached the collective rank {waiting} waited in for "
+             f"{report['timeout']:g} s (the process-group timeout); {state}")
+    lines = [first]
+    if len(missing) > 1:
+        lines.append(f"  also missing from it: {', '.join(f'rank {r}' for r in missing[1:])}")
+    lines.append("  failed: " + ", ".join(f"rank {r} ({_exit_code(f.exitcode)[1]})" for r, f in sorted(failures.items())))
+    lines.append("  the wait is TRAINWRIGHT_PG_TIMEOUT / --process_group_timeout; see rank "
+                 f"{waiting}'s report above")
     return code, "\n".join(lines)
 
 
@@ -228,15 +256,18 @@ def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    env = worker_environment(settings)
-    with patched_environ(env), forwarding_user_signals():
+    from strategies.process_group import read_hung_reports
+
+    reports = tempfile.TemporaryDirectory(prefix="trainwright-faults-")
+    env = {**worker_environment(settings), "TRAINWRIGHT_FAULT_DIR": reports.name}  # workers leave hang reports there
+    with reports, patched_environ(env), forwarding_user_signals():
         config, cmd, cmd_args = torchrun.config_from_args(torchrun.parse_args(list(torchrun_args)))
         try:
             from torch.distributed.launcher.api import elastic_launch
 
             elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
         except ChildFailedError as err:
-            code, message = describe_failure(err)
+            code, message = describe_failure(err, hung=read_hung_reports(reports.name))
             print(message, file=sys.stderr, flush=True)
             return code
         except SignalException as err:
