@@ -261,8 +261,12 @@ class Strategy:
                 "strategy='deepspeed', or start from its weights alone (model.safetensors: TrainModule.load_from_checkpoint, "
                 "or strategies.checkpoint_io.load_weights(directory, model))"
             )
-        for i, model in enumerate(models):
-            state = checkpoint_io.load_safetensors(path / checkpoint_io.indexed("model", i, "safetensors"))
+        states = []
+        for i, model in enumerate(models):  # every model is checked before any is changed
+            source = path / checkpoint_io.indexed("model", i, "safetensors")
+            states.append(checkpoint_io.load_safetensors(source))
+            checkpoint_io.check_state_fits(states[-1], self.unwrap_module(model), source, strict=strict)
+        for model, state in zip(models, states):
             self.load_module_state_dict(model, state, strict=strict)
         for i, opt in enumerate(optimizers):
             opt.load_state_dict(checkpoint_io.torch_load(path / checkpoint_io.indexed("optimizer", i, "bin"), map_location=self.device))

@@ -27,7 +27,7 @@ import pickle
 import random
 import shutil
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -532,6 +532,33 @@ def load_sharded(directory: Path, models: list[Any], optimizers: list[torch.opti
         set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"])
 
 
+def check_state_fits(state: Mapping[str, Any], module: Any, source: Path, *, strict: bool = True) -> None:
+    """Raise `CheckpointError` before anything is loaded when `state` (read from `source`) does not fit `module`.
+
+    Torch's own error comes after the matching tensors were already copied in; this check keeps the model as it
+    was and says which checkpoint and which model disagree.
+    """
+    own = module.state_dict()
+    shapes = [f"{key}: {tuple(state[key].shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
+              for key in sorted(state) if key in own and hasattr(own[key], "shape") and tuple(state[key].shape) != tuple(own[key].shape)]
+    problems = shapes[:5]
+    if strict and set(own) - set(state):
+        problems.append(f"missing in the checkpoint: {_listed(set(own) - set(state))}")
+    if strict and set(state) - set(own):
+        problems.append(f"not in the model: {_listed(set(state) - set(own))}")
+    if problems:
+        fix = "" if shapes else ", or pass strict=False to load only the keys both have"
+        raise CheckpointError(
+            f"{str(source)!r} holds the weights of another model than this {type(module).__name__}: " + "; ".join(problems)
+            + f". Nothing was loaded. Build the model the checkpoint was saved from{fix}"
+        )
+
+
+def _listed(keys: set[str]) -> str:
+    names = sorted(keys)
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def load_weights(
     directory: Path, module: Any, *, device: Any = "cpu", strict: bool = True, index: int = 0, load_full: Any = None
 ) -> None:
@@ -563,6 +590,7 @@ def load_weights(
             "Trainer.save_checkpoint or Accelerator.save_state"
         )
     full = load_safetensors(weights, device=str(torch.device(device)))
+    check_state_fits(full, module, weights, strict=strict)
     if load_full is None:
         module.load_state_dict(full, strict=strict)
     else:

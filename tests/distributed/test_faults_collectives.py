@@ -53,3 +53,39 @@ def test_debug_mode_names_mismatched_collectives() -> None:
     results = run_distributed(_mismatched_collectives, env={"TRAINWRIGHT_DEBUG_COLLECTIVES": "1", "TRAINWRIGHT_PG_TIMEOUT": "10"}, timeout=120)
     named = [m for m in results if "Detected mismatch between collectives on ranks" in m]
     assert named and all("ALLREDUCE" in m and "BROADCAST" in m for m in named), results
+
+
+def _different_dataset_lengths() -> dict:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from trainer import Accelerator, Trainer
+
+    acc = Accelerator(cpu=True)
+    out = {}
+    try:
+        acc.prepare(DataLoader(list(range(8 + acc.process_index)), batch_size=2))  # 8 samples on rank 0, 9 on rank 1
+        out["accelerator"] = "no error"
+    except ValueError as err:
+        out["accelerator"] = str(err)
+    out["same_length_still_works"] = len(acc.prepare(DataLoader(list(range(8)), batch_size=2)))
+    out["alive"] = acc.reduce(torch.ones(1)).item()  # the process group survived the refusal
+    try:
+        from torch.utils.data import TensorDataset
+
+        from tests.unit.test_trainer_module import QUIET, Base
+
+        n = 6 + 2 * acc.process_index
+        Trainer(accelerator="cpu", max_epochs=1, **QUIET).fit(Base(), DataLoader(TensorDataset(torch.randn(n, 2), torch.randn(n, 1)), batch_size=2))
+        out["trainer"] = "no error"
+    except ValueError as err:
+        out["trainer"] = str(err)
+    return out
+
+
+def test_ranks_with_different_dataset_lengths_are_refused_instead_of_hanging():
+    for result in run_distributed(_different_dataset_lengths, nprocs=2, timeout=120):
+        assert "has [8, 9] samples on processes 0..1" in result["accelerator"]
+        assert "pass the whole data set on every process" in result["accelerator"]
+        assert result["same_length_still_works"] == 2 and result["alive"] == 2.0
+        assert "has [6, 8] samples" in result["trainer"]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers.multiprocess import free_port
 
-pytestmark = [pytest.mark.distributed]
+pytestmark = [pytest.mark.distributed, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS, EVERY, KILL_AT = 9, 3, 5

@@ -156,6 +156,7 @@ def test_accelerate_config_file(tmp_path: Path) -> None:
     assert {seen["MASTER_PORT"] for seen in ranks.values()} == {str(port)}
 
 
+@pytest.mark.faults
 @pytest.mark.timeout(120)
 def test_crashing_rank_ends_the_job_fast_and_is_named(tmp_path: Path) -> None:
     script = tmp_path / "crash.py"
@@ -270,6 +271,7 @@ SLEEPER = (
 )
 
 
+@pytest.mark.faults
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
 def test_a_signal_to_the_launcher_stops_every_worker(tmp_path: Path, signame: str) -> None:
@@ -287,6 +289,7 @@ def test_a_signal_to_the_launcher_stops_every_worker(tmp_path: Path, signame: st
     _assert_workers_gone(tmp_path)
 
 
+@pytest.mark.faults
 @pytest.mark.timeout(180)
 def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
     import signal
@@ -298,6 +301,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
     _assert_workers_gone(tmp_path)
 
 
+@pytest.mark.faults
 @pytest.mark.timeout(180)
 def test_a_rank_killed_by_sigkill_is_named_with_its_signal(tmp_path: Path) -> None:
     script = tmp_path / "die.py"

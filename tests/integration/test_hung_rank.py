@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.distributed, pytest.mark.faults, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,6 +19,8 @@ import pytest
 
 from tests.helpers.multiprocess import free_port
 
+pytestmark = pytest.mark.faults
+
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS, SIGNAL_AT = 11, 5
 

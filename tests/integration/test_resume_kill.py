@@ -1,12 +1,14 @@
-"""Resume after ``kill -9``: a training process that dies (mid-run, or in the middle of writing a
-checkpoint) is restarted with ``fit(ckpt_path="last")`` and ends with the same weights as a run that was
-never interrupted. Each phase runs in its own Python process (``python -m tests.integration.test_resume_kill``).
+"""Resume after ``kill -9``: a training process that dies (at a step drawn from a seed, during validation,
+or in the middle of writing a checkpoint) is restarted with ``fit(ckpt_path="last")`` and ends with the same
+weights as a run that was never interrupted. Each phase runs in its own Python process
+(``python -m tests.integration.test_resume_kill``). Part of the fault-injection suite (``pytest -m faults``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -15,20 +17,23 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.faults
+
 REPO = Path(__file__).resolve().parents[2]
-TOTAL_STEPS, EVERY = 11, 2
+TOTAL_STEPS, EVERY, VALIDATE_EVERY = 11, 2, 3
 
 
-def _phase(root: Path, *, kill_at_step: int = 0, kill_in_save_at_step: int = 0) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tests.integration.test_resume_kill", str(root), str(kill_at_step), str(kill_in_save_at_step)]
+def _phase(root: Path, *, kill_at_step: int = 0, kill_in_save_at_step: int = 0, kill_in_val_at_step: int = 0) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "tests.integration.test_resume_kill", str(root), str(kill_at_step), str(kill_in_save_at_step),
+           str(kill_in_val_at_step)]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
 
 
-def _straight_weights(root: Path) -> dict[str, Any]:
+def _straight_weights(root: Path, validate_every: int = 0) -> dict[str, Any]:
     from tests.unit.test_checkpoint_resume import run_fit
 
-    module, _, _ = run_fit(root, TOTAL_STEPS)
+    module, _, _ = run_fit(root, TOTAL_STEPS, validate_every=validate_every)
     return module.state_dict()
 
 
@@ -42,18 +47,33 @@ def _assert_equal_to(final: Path, expected: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_kill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    from trainer.fit.checkpointing import find_last_checkpoint
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kill_at_a_random_step_then_resume_matches_an_uninterrupted_run(tmp_path: Path, seed: int) -> None:
+    from trainer.fit.checkpointing import find_last_checkpoint, verify_checkpoint
 
-    first = _phase(tmp_path, kill_at_step=7)
+    kill_at = random.Random(seed).randint(EVERY, TOTAL_STEPS - 1)  # after the first checkpoint, before the end
+    first = _phase(tmp_path, kill_at_step=kill_at)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     assert not (tmp_path / "final.safetensors").exists()
-    assert find_last_checkpoint(tmp_path / "ckpts") == tmp_path / "ckpts" / "epoch=1-step=6"
+    saved = kill_at // EVERY * EVERY
+    assert verify_checkpoint(find_last_checkpoint(tmp_path / "ckpts"))["global_step"] == saved, f"killed after step {kill_at}"
     second = _phase(tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["first_step_resumed"] == 7 and report["global_step"] == TOTAL_STEPS
+    assert report["first_step_resumed"] == saved + 1 and report["global_step"] == TOTAL_STEPS
     _assert_equal_to(tmp_path / "final.safetensors", _straight_weights(tmp_path / "straight"))
+
+
+@pytest.mark.timeout(600)
+def test_kill_during_validation_then_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    first = _phase(tmp_path, kill_in_val_at_step=7)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert (tmp_path / "killed_in_validation").exists()
+    second = _phase(tmp_path, kill_in_val_at_step=-1)  # validates like the first, without dying
+    assert second.returncode == 0, second.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["global_step"] == TOTAL_STEPS
+    _assert_equal_to(tmp_path / "final.safetensors", _straight_weights(tmp_path / "straight", validate_every=VALIDATE_EVERY))
 
 
 @pytest.mark.timeout(600)
@@ -77,8 +97,12 @@ def test_kill_while_saving_keeps_the_previous_checkpoint(tmp_path: Path) -> None
 
 
 # ------------------------------------------------------------------------------- the training process
-def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
-    """Train to TOTAL_STEPS with a checkpoint every EVERY steps, resuming from "last"; optionally die."""
+def main(root: Path, kill_at_step: int, kill_in_save_at_step: int, kill_in_val_at_step: int) -> None:
+    """Train to TOTAL_STEPS with a checkpoint every EVERY steps, resuming from "last"; optionally die.
+
+    ``kill_in_val_at_step`` > 0 validates every VALIDATE_EVERY batches and dies in the middle of the first
+    validation at or after that step; -1 validates the same way without dying.
+    """
     from safetensors.torch import save_file
 
     from callbacks.base import Callback
@@ -90,6 +114,12 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
 
         def on_after_backward(self, trainer: Any, module: Any) -> None:
             if trainer.global_step == kill_at_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    class ValidationKiller(Callback):
+        def on_validation_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            if trainer.global_step >= kill_in_val_at_step > 0 and batch_idx == 1:
+                (root / "killed_in_validation").write_text(str(trainer.global_step))
                 os.kill(os.getpid(), signal.SIGKILL)
 
     class FirstStep(Callback):
@@ -109,14 +139,16 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int) -> None:
 
         CheckpointWriter.commit = dying_commit  # type: ignore[method-assign]
     first = FirstStep()
+    killers = (Killer(),) if kill_at_step else (ValidationKiller(),) if kill_in_val_at_step > 0 else ()
+    dies = bool(kill_at_step or kill_in_save_at_step or kill_in_val_at_step > 0)
     module, trainer, _ = run_fit(
         # the first process starts like the uninterrupted run; the resuming one from other weights, which "last" replaces
-        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=1 if kill_at_step or kill_in_save_at_step else 99,
-        extra_callbacks=(Killer(), first) if kill_at_step else (first,),
+        root, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=EVERY, init_seed=1 if dies else 99,
+        extra_callbacks=(*killers, first), validate_every=VALIDATE_EVERY if kill_in_val_at_step else 0,
     )
     save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "final.safetensors"))
     (root / "report.json").write_text(json.dumps({"global_step": trainer.global_step, "first_step_resumed": first.first}))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

@@ -109,3 +109,80 @@ def test_accelerator_mixed_precision_conflicting_with_a_strategy_instance_is_ref
     with pytest.raises(ValueError, match=r"mixed_precision='bf16' but the SingleDeviceStrategy passed was built with precision='no'"):
         Accelerator(strategy=SingleDeviceStrategy(cpu=True), mixed_precision="bf16")
     assert Accelerator(strategy=SingleDeviceStrategy(cpu=True, precision="bf16"), mixed_precision="bf16-mixed").mixed_precision == "bf16"
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_loaded(tmp_path: Path) -> None:
+    from strategies.checkpoint_io import CheckpointError
+
+    saver = Accelerator(cpu=True)
+    saver.prepare(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    saver.save_state(tmp_path / "ckpt")
+    acc = Accelerator(cpu=True)
+    first, _ = acc.prepare(torch.nn.Linear(3, 2), torch.nn.Linear(2, 7))  # the second model differs
+    before = {k: v.clone() for k, v in first.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"model_1\.safetensors' holds the weights of another model than this Linear: "
+                       r"bias: \(2,\) in the checkpoint, \(7,\) in the model") as info:
+        acc.load_state(tmp_path / "ckpt")
+    assert isinstance(info.value, ValueError) and "Nothing was loaded" in str(info.value)
+    assert all(torch.equal(before[k], v) for k, v in first.state_dict().items())  # the first model was not touched
+    other = Accelerator(cpu=True)
+    other.prepare(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    other.load_state(tmp_path / "ckpt")  # the checkpoint itself is intact
+
+
+def test_load_from_checkpoint_of_another_architecture_names_the_keys(tmp_path: Path) -> None:
+    from strategies.checkpoint_io import CheckpointError
+
+    trainer = Trainer(max_steps=1, accelerator="cpu", project_dir=str(tmp_path), **QUIET)
+    trainer.fit(Net(), _loader(8))
+    trainer.save_checkpoint(tmp_path / "net")
+
+    class Wider(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extra = torch.nn.Linear(1, 1)
+
+    with pytest.raises(CheckpointError, match=r"missing in the checkpoint: extra\.bias, extra\.weight.*strict=False"):
+        Wider.load_from_checkpoint(tmp_path / "net")
+
+
+def test_a_checkpoint_from_a_newer_release_names_both_versions(tmp_path: Path) -> None:
+    import json
+
+    from strategies.checkpoint_io import CheckpointError
+
+    acc = Accelerator(cpu=True)
+    acc.prepare(torch.nn.Linear(2, 2))
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(CheckpointError, match=r"format version 99, newer than this Trainwright reads \(2\); upgrade Trainwright"):
+        acc.load_state(path)
+
+
+def test_saving_to_a_read_only_filesystem_names_the_directory_and_keeps_the_rest(tmp_path: Path) -> None:
+    import subprocess
+
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        acc = Accelerator(cpu=True)
+        model = acc.prepare(torch.nn.Linear(2, 2))
+        with pytest.raises(OSError, match=r"Read-only file system.*ro") as info:
+            acc.save_state(disk / "ckpt")
+        assert info.value.errno == 30  # EROFS
+        acc.save_state(tmp_path / "elsewhere")  # the accelerator still works: save elsewhere
+        assert model.weight.shape == (2, 2)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_loader_of_one_batch_with_more_accumulation_steps_still_steps(tmp_path: Path, n: int) -> None:
+    # fewer batches than accumulate_grad_batches: the epoch's last batch still steps (as Lightning)
+    trainer = Trainer(max_epochs=2, accumulate_grad_batches=4, accelerator="cpu", project_dir=str(tmp_path), **QUIET)
+    trainer.fit(Net(), _loader(n))
+    assert trainer.global_step == 2

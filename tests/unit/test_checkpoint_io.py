@@ -89,6 +89,7 @@ def small_disk(tmp_path: Path):
     subprocess.run(["umount", str(mount)], check=False)
 
 
+@pytest.mark.faults
 def test_disk_full_is_an_oserror_naming_the_checkpoint_and_loses_nothing(small_disk: Path) -> None:
     import errno
 
@@ -106,6 +107,7 @@ def test_disk_full_is_an_oserror_naming_the_checkpoint_and_loses_nothing(small_d
     verify_checkpoint(small_disk / "small")  # the earlier checkpoint is intact
 
 
+@pytest.mark.faults
 def test_a_save_removes_staging_directories_crashed_saves_left(tmp_path: Path) -> None:
     (tmp_path / ".epoch=0-step=3.partial").mkdir()
     (tmp_path / ".epoch=0-step=3.partial" / "model.safetensors").write_bytes(b"half")

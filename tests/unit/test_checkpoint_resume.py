@@ -47,6 +47,10 @@ class ResumeNet(TrainModule):
         self.log("train_loss", loss)
         return loss
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x).float(), y))
+
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.8)
@@ -72,9 +76,12 @@ def make_loader(size: int = DATASET_SIZE) -> DataLoader:
 
 def run_fit(
     root: Path, max_steps: int, *, ckpt_path: str | None = None, every_n_train_steps: int | None = None,
-    init_seed: int = 1, extra_callbacks: tuple[Callback, ...] = (), **trainer_kwargs: Any,
+    init_seed: int = 1, extra_callbacks: tuple[Callback, ...] = (), validate_every: int = 0, **trainer_kwargs: Any,
 ) -> tuple[ResumeNet, Trainer, LossRecorder]:
-    """Fit a fresh `ResumeNet` (initialized from `init_seed`) to `max_steps` in `root`."""
+    """Fit a fresh `ResumeNet` (initialized from `init_seed`) to `max_steps` in `root`.
+
+    ``validate_every=N`` validates on 12 samples every N training batches (and at each epoch end).
+    """
     torch.manual_seed(init_seed)
     module = ResumeNet()
     recorder = LossRecorder()
@@ -86,9 +93,13 @@ def run_fit(
         log_with=None, log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=bool(every_n_train_steps), project_dir=str(root), seed=1234,
     )
+    val_loader = None
+    if validate_every:
+        settings.update(val_check_interval=validate_every, num_sanity_val_steps=0)
+        val_loader = DataLoader(make_loader(12).dataset, batch_size=BATCH_SIZE)
     settings.update(trainer_kwargs)
     trainer = Trainer(**settings)
-    trainer.fit(module, make_loader(), ckpt_path=ckpt_path)
+    trainer.fit(module, make_loader(), val_loader, ckpt_path=ckpt_path)
     return module, trainer, recorder
 
 
@@ -120,6 +131,24 @@ def test_resume_is_bit_exact(tmp_path: Path, straight_run: Any, stop_step: int) 
     assert sorted(straight_log.logged) == list(range(1, TOTAL_STEPS + 1))
     lr = trainer.optimizers[0].param_groups[0]["lr"]
     assert lr == straight_trainer.optimizers[0].param_groups[0]["lr"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("validate_every", "stop_step"),
+    [(10, 5), (3, 8), (3, 7)],
+    ids=["epoch-end-validation", "validation-due-after-the-checkpointed-batch", "mid-epoch"],
+)
+def test_resume_with_validation_is_bit_exact(tmp_path: Path, validate_every: int, stop_step: int) -> None:
+    # A checkpoint written at a batch's end comes before the validation due after that batch; the resumed run
+    # must run that validation (its loader draws from the RNG), else every later batch sees other random numbers.
+    straight, _, _ = run_fit(tmp_path / "straight", TOTAL_STEPS, validate_every=validate_every)
+    first, _, _ = run_fit(tmp_path, stop_step, every_n_train_steps=stop_step, validate_every=validate_every)
+    resumed, trainer, _ = run_fit(tmp_path, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=stop_step, init_seed=99,
+                                  validate_every=validate_every)
+    assert trainer.global_step == TOTAL_STEPS
+    assert_same_weights(straight, resumed)
+    assert {**first.losses, **resumed.losses} == straight.losses
 
 
 def test_checkpoint_directory_layout(tmp_path: Path) -> None:

@@ -330,6 +330,8 @@ class Accelerator:
 
         if isinstance(data_loader, DataLoaderShard):
             return data_loader
+        if self.use_distributed:
+            _check_same_length(self.strategy, data_loader)
         if self._data_seed is None:
             # Every rank must shuffle with the same seed: draw it on rank 0 (from torch's seeded RNG) and share it.
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
@@ -670,6 +672,20 @@ def _build_strategy(strategy: str | Strategy | None, *, cpu: bool, precision: st
         kwargs.update(find_unused_parameters=ddp.find_unused_parameters, static_graph=ddp.static_graph,
                       bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
     return resolve_strategy(name, **kwargs)
+
+
+def _check_same_length(strategy: Strategy, data_loader: Any) -> None:
+    """Every process must pass the same data set (it is sharded here); lengths that differ would hang the job."""
+    try:
+        length: int | None = len(data_loader.dataset)
+    except (TypeError, AttributeError):
+        length = None  # an iterable data set of unknown length
+    lengths = strategy.all_gather_object(length)
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            f"the data set passed to prepare() has {lengths} samples on processes 0..{len(lengths) - 1}: every process must pass "
+            "the same data set, which prepare() shards (each process gets its own part); pass the whole data set on every process"
+        )
 
 
 def _is_scheduler(obj: Any) -> bool:

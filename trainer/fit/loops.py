@@ -31,7 +31,8 @@ _MISSING = object()
 # ---------------------------------------------------------------------------------------- fit
 def new_loop_state() -> dict[str, Any]:
     """The loop position of a fit that has not started."""
-    return {"epoch": 0, "global_step": 0, "batches_done_in_epoch": 0, "accumulation_position": 0, "accumulated": 0, "should_stop": False}
+    return {"epoch": 0, "global_step": 0, "batches_done_in_epoch": 0, "accumulation_position": 0, "accumulated": 0, "should_stop": False,
+            "validation_pending": False}
 
 
 def max_steps_reached(trainer: Trainer) -> bool:
@@ -64,20 +65,27 @@ def sanity_check(trainer: Trainer, val_loader: Any) -> None:
 def train_epoch(trainer: Trainer, val_loader: Any) -> None:
     """Run (the rest of) one training epoch, validating when due."""
     state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
-    if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:
-        return _next_epoch(trainer, update_plateau=False)  # restored from a checkpoint written at the end of an epoch
+    # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
+    pending = state.get("validation_pending", False) and val_loader is not None
+    if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:  # restored from the end of an epoch
+        if pending:
+            _validate(trainer, val_loader)
+        return _next_epoch(trainer, update_plateau=False)
     start = state["batches_done_in_epoch"]
     batches = _train_batches(trainer, start)
     module.train()
     results.set_context("train", False)
     trainer._dispatch.call("on_train_epoch_start")
+    if pending:
+        _validate(trainer, val_loader)
     for batch_idx in range(start, trainer.num_training_batches):
         batch = next(batches, _MISSING)
+        state["validation_pending"] = val_loader is not None and _validation_due(trainer, batch_idx)
         if batch is _MISSING or not train_batch(trainer, batch, batch_idx):
+            state["validation_pending"] = False
             break
-        if val_loader is not None and _validation_due(trainer, batch_idx):
-            eval_loop(trainer, "validation", val_loader, trainer.num_val_batches)
-            module.train()
+        if state["validation_pending"]:
+            _validate(trainer, val_loader)
         if max_steps_reached(trainer):
             break
         if preemption.due(trainer) and batch_idx + 1 < trainer.num_training_batches:  # at the epoch's end: after it
@@ -91,6 +99,12 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
     if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
     return None
+
+
+def _validate(trainer: Trainer, val_loader: Any) -> None:
+    trainer.fit_loop_state["validation_pending"] = False  # a checkpoint written during the validation is past it
+    eval_loop(trainer, "validation", val_loader, trainer.num_val_batches)
+    trainer.attached_module.train()
 
 
 def _train_batches(trainer: Trainer, start: int) -> Any:
