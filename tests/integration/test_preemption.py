@@ -29,9 +29,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
 
 
-def _one_process(root: Path, signame: str) -> subprocess.CompletedProcess:
+def _one_process(root: Path, signame: str, **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tests.integration.test_preemption", str(root), signame]
-    return subprocess.run(cmd, cwd=root, env=_env(), capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, cwd=root, env={**_env(), **env}, capture_output=True, text=True, timeout=240)
 
 
 def _two_processes(root: Path, signame: str) -> subprocess.CompletedProcess:
@@ -80,6 +80,28 @@ def test_one_process_preempted_mid_epoch_resumes_bit_exactly(tmp_path: Path, sig
     assert second.returncode == 0, second.stderr[-3000:]
     assert json.loads((run / "report.json").read_text()) == {"global_step": TOTAL_STEPS, "first_step_resumed": 7}
     assert _same(_final(straight), _final(run))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("requeue", ["1", "0"])
+def test_slurms_warning_signal_requeues_the_job_after_the_checkpoint(tmp_path: Path, requeue: str) -> None:
+    # SLURM's scontrol does not exist here: a stand-in on PATH records how it is called
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\nls {tmp_path / "run" / "checkpoints"} >> {calls}\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    run = tmp_path / "run"
+    run.mkdir()
+    first = _one_process(run, "SIGUSR1", SLURM_JOB_ID="4242", SLURM_JOB_NAME="train.sbatch", TRAINWRIGHT_SLURM_REQUEUE=requeue,
+                         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert first.returncode == 138, first.stderr[-3000:]
+    if requeue == "0":
+        assert not calls.exists()
+        return
+    assert "requeued SLURM job 4242" in first.stdout
+    listing, args = calls.read_text().strip().rsplit("\n", 1)
+    assert args == "requeue 4242"
+    assert "preempted-epoch=1-step=6" in listing  # requeued only once the checkpoint was complete
 
 
 @pytest.mark.distributed

@@ -4,11 +4,17 @@ The handler only records the signal. The processes agree on it with the per-batc
 exchange, train on to the next optimizer-step boundary, write one complete checkpoint
 (``preempted-epoch=E-step=S`` in the checkpoint directory, named by its ``last.json``), and exit with
 ``128 + signal`` (143 for SIGTERM, 138 for SIGUSR1). ``fit(ckpt_path="last")`` then resumes bit-exactly.
+
+Under SLURM, SIGUSR1 (the ``--signal=USR1@N`` warning before the time limit) also requeues the job, as
+Lightning's ``SLURMEnvironment(auto_requeue=True)`` does: global rank 0 runs ``scontrol requeue <job id>``
+after the checkpoint is complete. ``TRAINWRIGHT_SLURM_REQUEUE=0`` turns that off.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,4 +75,25 @@ def checkpoint_and_exit(trainer: Trainer) -> None:
         name = signal.Signals(signum).name
         print(f"Trainer: {name} received; saved {path} at step {trainer.global_step}; exiting with code {128 + signum}. "
               'Resume with fit(..., ckpt_path="last").', flush=True)
+        if signum == getattr(signal, "SIGUSR1", None):
+            requeue_slurm_job()
     raise Preempted(signum, path)
+
+
+def requeue_slurm_job() -> bool:
+    """``scontrol requeue`` this SLURM job (batch jobs only, unless ``TRAINWRIGHT_SLURM_REQUEUE=0``); True if it was requeued."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or os.environ.get("TRAINWRIGHT_SLURM_REQUEUE", "1") == "0" or os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return False
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"Trainer: could not requeue SLURM job {job} ({err}); requeue it yourself: scontrol requeue {job}", flush=True)
+        return False
+    if done.returncode != 0:
+        print(f"Trainer: `scontrol requeue {job}` failed ({done.stderr.strip() or done.returncode}); requeue it yourself", flush=True)
+        return False
+    print(f"Trainer: requeued SLURM job {job}", flush=True)
+    return True
