@@ -186,3 +186,33 @@ def test_a_loader_of_one_batch_with_more_accumulation_steps_still_steps(tmp_path
     trainer = Trainer(max_epochs=2, accumulate_grad_batches=4, accelerator="cpu", project_dir=str(tmp_path), **QUIET)
     trainer.fit(Net(), _loader(n))
     assert trainer.global_step == 2
+
+
+def _wrong_types() -> dict:
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    return {
+        "project_dir": (lambda: Accelerator(cpu=True, project_dir=3), TypeError, "project_dir=3 must be a directory path"),
+        "save_state": (lambda: acc.save_state(3), TypeError, "output_dir=3 must be a directory path"),
+        "load_state": (lambda: acc.load_state(3), TypeError, "input_dir=3 must be a directory path"),
+        "save_model": (lambda: acc.save_model(model, 3), TypeError, "save_directory=3 must be a directory path"),
+        "gather": (lambda: acc.gather("x"), TypeError, r"gather\(\) takes tensors .*got str 'x'; use gather_object"),
+        "gather_mixed": (lambda: acc.gather({"a": torch.ones(1), "n": 3}), TypeError, r"got int 3; use gather_object"),
+        "reduce": (lambda: acc.reduce([1.0]), TypeError, r"reduce\(\) takes tensors .*got float 1.0"),
+        "pad": (lambda: acc.pad_across_processes("x"), TypeError, r"pad_across_processes\(\) takes tensors"),
+        "broadcast": (lambda: acc.broadcast(3), TypeError, r"got int 3; use broadcast_object"),
+        "clip": (lambda: acc.clip_grad_norm_(model.parameters(), "1"), TypeError, "max_norm='1' must be a number"),
+        "backward": (lambda: acc.backward("x"), TypeError, "backward needs the loss tensor, got str 'x'"),
+        "accumulate": (lambda: acc.accumulate("x").__enter__(), TypeError, r"accumulate\(\) takes the prepared models.*\['x'\]"),
+        "log": (lambda: acc.log("x"), TypeError, r"log\(\) takes a dict .*got str"),
+        "unwrap_model": (lambda: acc.unwrap_model("x"), TypeError, r"unwrap_model\(\) takes a model .*got str"),
+        "fit": (lambda: Trainer(accelerator="cpu", **QUIET).fit("x"), TypeError, r"fit\(\) needs a TrainModule, got str"),
+        "fit_loader": (lambda: Trainer(accelerator="cpu", **QUIET).fit(Net(), "loader"), TypeError, "must be a torch.utils.data.DataLoader, got str"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_wrong_types()))
+def test_wrong_types_to_public_entry_points_name_the_value(case: str) -> None:
+    call, kind, message = _wrong_types()[case]
+    with pytest.raises(kind, match=message):
+        call()

@@ -107,6 +107,7 @@ class Accelerator:
             self.dataloader_config.split_batches = bool(split_batches)
         if even_batches is not _UNSET:
             self.dataloader_config.even_batches = bool(even_batches)
+        _check_path(project_dir, "project_dir")
         self.project_configuration = project_config or ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
@@ -354,7 +355,9 @@ class Accelerator:
     # training -----------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` with loss scaling and division by the accumulation steps."""
-        if isinstance(loss, torch.Tensor) and loss.numel() != 1 and "gradient" not in kwargs:
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"backward needs the loss tensor, got {type(loss).__name__} {loss!r:.80}")
+        if loss.numel() != 1 and "gradient" not in kwargs:
             raise ValueError(
                 f"backward needs a scalar loss, got a tensor of shape {tuple(loss.shape)}; reduce it first (e.g. loss.mean() "
                 "or loss.sum()), or pass gradient= for a non-scalar backward"
@@ -379,6 +382,9 @@ class Accelerator:
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """Accumulate gradients: inside, gradient sync and optimizer steps happen only on boundaries."""
+        bad = [m for m in models if not isinstance(m, nn.Module)]
+        if bad:
+            raise TypeError(f"accumulate() takes the prepared models (torch.nn.Module), got {bad!r:.120}: accelerator.accumulate(model)")
         self._do_sync()
         # sync_each_batch reduces gradients every batch (less memory under DDP/FSDP); the optimizer still steps every N
         if self.sync_gradients or self.gradient_plugin.sync_each_batch or not models:
@@ -436,6 +442,8 @@ class Accelerator:
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Unscale (fp16), then clip the gradient norm; returns the total norm before clipping."""
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
+            raise TypeError(f"max_norm={max_norm!r} must be a number, e.g. clip_grad_norm_(model.parameters(), 1.0)")
         self.unscale_gradients()
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
@@ -476,6 +484,7 @@ class Accelerator:
     # collectives --------------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
         """Gather tensors (nested structures too) from every process, concatenated along dim 0."""
+        _check_tensors(tensor, "gather", "gather_object")
         return self.strategy.all_gather(tensor)
 
     def gather_object(self, obj: Any) -> list[Any]:
@@ -494,12 +503,15 @@ class Accelerator:
         return data[:remainder]
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        _check_tensors(tensor, "reduce", "gather_object")
         return self.strategy.all_reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        _check_tensors(tensor, "pad_across_processes", "gather_object")
         return self.strategy.pad_across_processes(tensor, dim, pad_index, pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        _check_tensors(tensor, "broadcast", "broadcast_object")
         return self.strategy.broadcast(tensor, from_process)
 
     def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
@@ -546,6 +558,8 @@ class Accelerator:
 
     # models and checkpoints ---------------------------------------------------------------------------
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"unwrap_model() takes a model (torch.nn.Module), got {type(model).__name__}")
         return self.strategy.unwrap_module(model)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
@@ -561,6 +575,7 @@ class Accelerator:
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Save the unwrapped weights (safetensors), sharded by `max_shard_size` with an index file."""
+        _check_path(save_directory, "save_directory")
         from strategies.checkpoint_io import save_model_weights
 
         state = self.get_state_dict(model)
@@ -577,6 +592,7 @@ class Accelerator:
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None) -> str:
         """Save everything needed to resume exactly; see `trainer.accelerator.state.save_state`."""
+        _check_path(output_dir, "output_dir")
         return accelerator_state.save_state(self, output_dir, extra_state=extra_state)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, strict: bool = True, verify: bool = True, **kwargs: Any) -> dict[str, Any]:
@@ -585,6 +601,7 @@ class Accelerator:
         Every file is checked against the manifest's SHA-256 first (split across the processes); ``verify=False``
         checks only names and sizes, for a faster load from storage you trust.
         """
+        _check_path(input_dir, "input_dir")
         return accelerator_state.load_state(self, input_dir, strict=strict, verify=verify, **kwargs)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
@@ -625,6 +642,8 @@ class Accelerator:
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
         """Log `values` to every tracker (main process only)."""
+        if not isinstance(values, dict):
+            raise TypeError(f"log() takes a dict of metric names to values, got {type(values).__name__}: accelerator.log({{'loss': loss}})")
         if self._trackers is not None:
             self._trackers.log(values, step=step, log_kwargs=log_kwargs)
 
@@ -672,6 +691,26 @@ def _build_strategy(strategy: str | Strategy | None, *, cpu: bool, precision: st
         kwargs.update(find_unused_parameters=ddp.find_unused_parameters, static_graph=ddp.static_graph,
                       bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
     return resolve_strategy(name, **kwargs)
+
+
+def _check_path(value: Any, name: str) -> None:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}={value!r} must be a directory path (str or os.PathLike)")
+
+
+def _check_tensors(data: Any, name: str, instead: str) -> None:
+    """Accelerate's collectives take tensors only (nested in lists, tuples, dicts); anything else is a `TypeError`."""
+    if isinstance(data, torch.Tensor):
+        return
+    if isinstance(data, (list, tuple)):
+        items: Any = enumerate(data)
+    elif isinstance(data, dict):
+        items = data.items()
+    else:
+        raise TypeError(f"{name}() takes tensors (or lists, tuples and dicts of them), got {type(data).__name__} {data!r:.60}; "
+                        f"use {instead}() for other objects")
+    for _, value in items:
+        _check_tensors(value, name, instead)
 
 
 def _check_same_length(strategy: Strategy, data_loader: Any) -> None:
