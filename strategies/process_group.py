@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,14 +70,17 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
     with gloo's bare "Timed out waiting ... for recv". Each process records its host and pid in the process
     group's store now; on a timeout, each waiting process marks itself there, waits a moment for the other
     waiting ones, and the unmarked ranks are the ones that never arrived: this process says so, names the
-    setting that changes the timeout, and has those on this machine print their stacks (faulthandler).
+    setting that changes the timeout, and has them print their stacks (faulthandler): by a signal on this
+    machine (it works even while the hung process holds the GIL), through the store on the others (each
+    process's watcher thread polls its key once a second).
     """
     store = _default_store()
     if store is None:
         return
     if _STACK_SIGNAL is not None:
         faulthandler.register(_STACK_SIGNAL, all_threads=True, chain=False)
-    store.set(_KEY.format(kind="pid", rank=rank), f"{socket.gethostname()} {os.getpid()}")
+    store.set(_KEY.format(kind="pid", rank=rank), f"{_machine()} {os.getpid()}")
+    threading.Thread(target=_print_stack_when_asked, args=(store, rank), name="trainwright-stack-watch", daemon=True).start()
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
@@ -86,6 +90,26 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
         previous(kind, error, tb)
 
     sys.excepthook = hook
+
+
+def _machine() -> str:
+    """This process's machine: the host name, and the launcher's node rank (simulated machines share a host)."""
+    return f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}"
+
+
+def _print_stack_when_asked(store: Any, rank: int) -> None:
+    key = _KEY.format(kind="dump", rank=rank)
+    while True:
+        time.sleep(1.0)
+        try:
+            asked = store.check([key])
+        except Exception:  # the process group is gone: nothing to watch
+            return
+        if asked:
+            print(f"trainwright: rank {rank} was asked for its Python stack: another rank waited for it in a collective",
+                  file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(all_threads=True)
+            return
 
 
 def _leave_report(rank: int, report: dict[str, Any]) -> None:
@@ -128,10 +152,12 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
     time.sleep(min(5.0, max(1.0, timeout / 10)))  # the other waiting ranks time out at about the same moment
     waiting = [r for r in range(world_size) if store.check([_KEY.format(kind="waiting", rank=r)])]
     missing = [r for r in range(world_size) if r not in waiting]
-    here, alive, gone = socket.gethostname(), [], []
+    here, alive, gone, remote = _machine(), [], [], []
     for r in missing:
-        host, pid = store.get(_KEY.format(kind="pid", rank=r)).decode().split()
-        if host != here or _STACK_SIGNAL is None:
+        machine, pid = store.get(_KEY.format(kind="pid", rank=r)).decode().split()
+        if machine != here or _STACK_SIGNAL is None:
+            store.set(_KEY.format(kind="dump", rank=r), "1")  # its watcher thread prints its stack on its machine
+            remote.append(r)
             continue
         try:
             os.kill(int(pid), _STACK_SIGNAL)
@@ -142,9 +168,10 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
         who = f"rank(s) {missing} never reached it"
         who += f"; still running: {alive} (their Python stacks are printed too, by faulthandler)" if alive else ""
         who += f"; already exited: {gone} (a collective called on some ranks only?)" if gone else ""
+        who += f"; on other machines: {remote} (asked to print their Python stacks in their own logs)" if remote else ""
     else:
         who = "every rank reached it, so a rank probably called a different collective"
-    _leave_report(rank, {"waiting": rank, "missing": missing, "alive": alive, "gone": gone, "timeout": timeout})
+    _leave_report(rank, {"waiting": rank, "missing": missing, "alive": alive, "gone": gone, "remote": remote, "timeout": timeout})
     print(
         f"trainwright: rank {rank} waited in a collective (timeout {timeout:g} s) and failed: {who}. The wait is the process-group "
         "timeout: Accelerator(process_group_timeout=...), Trainer(process_group_timeout=...), `trainer launch "
@@ -152,7 +179,7 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
         file=sys.stderr,
         flush=True,
     )
-    time.sleep(0.5)  # let the dumped stacks reach the log before this process exits
+    time.sleep(2.5 if remote else 0.5)  # let the dumped stacks (a watcher polls each second) reach the logs before this exits
 
 
 def debug_collectives() -> bool:

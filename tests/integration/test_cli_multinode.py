@@ -94,3 +94,41 @@ def test_a_node_that_never_joins_fails_within_the_join_timeout(tmp_path: Path) -
     assert "rdzv_join_timeout=5 s" in result.stderr
     assert elapsed < 90, f"waited {elapsed:.0f} s for a join timeout of 5 s (the default is 600 s)"
     assert not list(tmp_path.glob("rank*.json"))
+
+
+HUNG = """
+import os, sys, time
+import torch
+from trainer import Accelerator
+
+def stuck_before_the_collective():
+    time.sleep(20)
+
+acc = Accelerator(cpu=True, process_group_timeout=6)
+if acc.process_index == 1:
+    stuck_before_the_collective()
+acc.reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(180)
+def test_a_rank_hung_on_another_machine_prints_its_stack_there(tmp_path: Path) -> None:
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG)
+    port, env = free_port(), clean_env(tmp_path)
+    nodes = [
+        subprocess.Popen(node_command(port, rank, script, tmp_path, 60), env=env, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]
+    try:
+        errors = [node.communicate(timeout=150)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert nodes[0].returncode == 1, errors
+    assert "rank(s) [1] never reached it; on other machines: [1] (asked to print their Python stacks" in errors[0]
+    assert "trainer launch: rank 1 never reached the collective rank 0 waited in for 6 s" in errors[0]
+    # rank 1's own machine (the second launcher) printed where it hangs
+    assert "rank 1 was asked for its Python stack" in errors[1] and "in stuck_before_the_collective" in errors[1], errors[1][-3000:]
