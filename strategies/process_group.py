@@ -54,7 +54,7 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
         timeout=datetime.timedelta(seconds=timeout),
     )
     atexit.register(teardown)
-    report_hung_ranks(cluster.rank, cluster.world_size, timeout)
+    report_hung_ranks(cluster.rank, cluster.world_size, timeout, several_machines=cluster.world_size > cluster.local_world_size)
     return True
 
 
@@ -63,7 +63,7 @@ _STACK_SIGNAL = getattr(signal, "SIGRTMIN", 0) + 2 if hasattr(signal, "SIGRTMIN"
 _KEY = "trainwright/{kind}/{rank}"
 
 
-def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
+def report_hung_ranks(rank: int, world_size: int, timeout: float, *, several_machines: bool = False) -> None:
     """When a collective times out here, name the ranks that never reached it and dump their Python stacks.
 
     A rank that hangs alive (stuck before a collective) makes the others fail after the process-group timeout
@@ -71,8 +71,8 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
     group's store now; on a timeout, each waiting process marks itself there, waits a moment for the other
     waiting ones, and the unmarked ranks are the ones that never arrived: this process says so, names the
     setting that changes the timeout, and has them print their stacks (faulthandler): by a signal on this
-    machine (it works even while the hung process holds the GIL), through the store on the others (each
-    process's watcher thread polls its key once a second).
+    machine (it works even while the hung process holds the GIL), through the store on the others (with
+    several machines, each process's watcher thread polls its key every 2 s).
     """
     store = _default_store()
     if store is None:
@@ -80,7 +80,8 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float) -> None:
     if _STACK_SIGNAL is not None:
         faulthandler.register(_STACK_SIGNAL, all_threads=True, chain=False)
     store.set(_KEY.format(kind="pid", rank=rank), f"{_machine()} {os.getpid()}")
-    threading.Thread(target=_print_stack_when_asked, args=(store, rank), name="trainwright-stack-watch", daemon=True).start()
+    if several_machines:
+        threading.Thread(target=_print_stack_when_asked, args=(store, rank), name="trainwright-stack-watch", daemon=True).start()
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
@@ -100,7 +101,7 @@ def _machine() -> str:
 def _print_stack_when_asked(store: Any, rank: int) -> None:
     key = _KEY.format(kind="dump", rank=rank)
     while True:
-        time.sleep(1.0)
+        time.sleep(2.0)
         try:
             asked = store.check([key])
         except Exception:  # the process group is gone: nothing to watch
@@ -179,7 +180,7 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
         file=sys.stderr,
         flush=True,
     )
-    time.sleep(2.5 if remote else 0.5)  # let the dumped stacks (a watcher polls each second) reach the logs before this exits
+    time.sleep(4.0 if remote else 0.5)  # let the dumped stacks (a watcher polls every 2 s) reach the logs before this exits
 
 
 def debug_collectives() -> bool:
