@@ -40,12 +40,28 @@ def test_csv_logger_writes_lightnings_layout(tmp_path: Path) -> None:
     run = tmp_path / "logs" / "exp" / "version_0"
     assert first.log_dir == str(run) and (run / "hparams.yaml").read_text().strip() == "lr: 0.1"
     rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines()))
-    assert len(rows) == 8 and rows[0]["step"] == "1" and float(rows[0]["train_loss"]) > 0
+    assert len(rows) == 8 and float(rows[0]["train_loss"]) > 0
+    # Lightning's rows: the step before each optimizer step (from 0), and the epoch with every self.log value
+    assert [(row["step"], row["epoch"]) for row in rows] == [(str(i), str(i // 4)) for i in range(8)]
     _fit(tmp_path, CSVLogger(tmp_path / "logs", name="exp"))
     assert (tmp_path / "logs" / "exp" / "version_1" / "metrics.csv").is_file()
     _fit(tmp_path, CSVLogger(tmp_path / "logs", name="exp", version="fixed", prefix="p"))
     fixed = list(csv.DictReader((tmp_path / "logs" / "exp" / "fixed" / "metrics.csv").read_text().splitlines()))
     assert "p-train_loss" in fixed[0]
+
+
+def test_csv_rows_of_a_learning_rate_monitor_have_no_epoch(tmp_path: Path) -> None:
+    from callbacks.lr_monitor import LearningRateMonitor
+
+    logger = CSVLogger(tmp_path / "logs", name="exp")
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    Trainer(project_dir=tmp_path / "project", logger=logger, max_epochs=1, log_every_n_steps=1, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, callbacks=[LearningRateMonitor()]).fit(Net(), loader)
+    rows = list(csv.DictReader((Path(logger.log_dir) / "metrics.csv").read_text().splitlines()))
+    # as Lightning's CSVLogger writes them: the monitor passes its step itself, so its rows carry no epoch
+    assert [(row["step"], row["epoch"], bool(row["lr-SGD"]), bool(row["train_loss"])) for row in rows] == [
+        ("0", "", True, False), ("0", "0", False, True), ("1", "", True, False), ("1", "0", False, True),
+    ]
 
 
 def test_tensorboard_logger_writes_lightnings_layout(tmp_path: Path) -> None:

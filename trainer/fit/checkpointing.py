@@ -174,7 +174,11 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     checkpoint = accelerator.load_state(str(directory), manifest=manifest)
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
         raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
-    loop_state = checkpoint["loops"].get("fit_loop", {})
+    loop_state = dict(checkpoint["loops"].get("fit_loop", {}))
+    loop_state.setdefault("batches_that_stepped", loop_state.get("global_step", 0))  # written before trackers had their own step
+    if loop_state.pop("stepping_batch_open", False):  # written during a boundary batch (at its end or its validation): done now
+        loop_state["batches_that_stepped"] += 1
+    loop_state["stepping_batch_open"] = False
     current = getattr(trainer, "fit_loop_state", None)
     if isinstance(current, dict):
         current.clear()

@@ -31,7 +31,10 @@ _MISSING = object()
 # ---------------------------------------------------------------------------------------- fit
 def new_loop_state() -> dict[str, Any]:
     """The loop position of a fit that has not started."""
-    return {"epoch": 0, "global_step": 0, "batches_done_in_epoch": 0, "accumulation_position": 0, "accumulated": 0, "should_stop": False}
+    return {
+        "epoch": 0, "global_step": 0, "batches_that_stepped": 0, "stepping_batch_open": False, "batches_done_in_epoch": 0,
+        "accumulation_position": 0, "accumulated": 0, "should_stop": False,
+    }
 
 
 def max_steps_reached(trainer: Trainer) -> bool:
@@ -73,12 +76,16 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
     trainer._dispatch.call("on_train_epoch_start")
     for batch_idx in range(start, trainer.num_training_batches):
         batch = next(batches, _MISSING)
-        if batch is _MISSING or not train_batch(trainer, batch, batch_idx):
+        if batch is _MISSING:
             break
-        if val_loader is not None and _validation_due(trainer, batch_idx):
+        go_on = train_batch(trainer, batch, batch_idx)
+        if go_on and val_loader is not None and _validation_due(trainer, batch_idx):
             eval_loop(trainer, "validation", val_loader, trainer.num_val_batches)
             module.train()
-        if max_steps_reached(trainer):
+        if state["stepping_batch_open"]:  # a boundary batch counts once its validation logged at its step
+            state["batches_that_stepped"] += 1
+            state["stepping_batch_open"] = False
+        if not go_on or max_steps_reached(trainer):
             break
         if preemption.due(trainer) and batch_idx + 1 < trainer.num_training_batches:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
@@ -86,7 +93,7 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
     trainer._dispatch.call_module("on_train_epoch_end")
     _, logged = results.reduce_epoch("train")
     trainer._dispatch.call_callbacks("on_train_epoch_end")
-    trainer._send_to_trackers(logged)
+    trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
     cut_by_max_steps = state["batches_done_in_epoch"] < trainer.num_training_batches and max_steps_reached(trainer)
     if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
@@ -128,7 +135,6 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
     state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.attached_module
     trainer._results.set_batch(batch)
     trainer._results.set_context("train", True)
-    steps_before = state["global_step"]
     trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
     if not module.automatic_optimization:
         acc.sync_gradients = True
@@ -165,10 +171,11 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
         if boundary and state["accumulated"]:
             optimizer_step(trainer)
     state["batches_done_in_epoch"] = batch_idx + 1
+    # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
+    state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
     trainer._dispatch.call("on_train_batch_end", _detached(output), batch, batch_idx)
-    stepped = state["global_step"] != steps_before
-    if stepped and state["global_step"] % trainer.log_every_n_steps == 0:
-        trainer._send_to_trackers(trainer._results.flush_step())
+    if boundary and (trainer.logging_step + 1) % trainer.log_every_n_steps == 0:
+        trainer._send_to_trackers(trainer._results.flush_step(), trainer.logging_step)
     return not stop
 
 

@@ -116,7 +116,7 @@ class ResultsStore:
         self._batch: Any = None
         self._batch_size: int | None = None
         self.callback_metrics: dict[str, Any] = {}
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, Any] = {}
         self.progress_bar_metrics: dict[str, Any] = {}
 
     # context, set by the loop
@@ -188,6 +188,8 @@ class ResultsStore:
             key = f"{name}_step" if on_epoch else name
             self.callback_metrics[key] = value
             self.callback_metrics[name] = value
+            if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
+                self.logged_metrics[key] = value
             if prog_bar:
                 self.progress_bar_metrics[key] = value
 
@@ -251,7 +253,9 @@ class ResultsStore:
             entry.step_dirty = False
             if entry.logger:
                 values[f"{name}_step" if entry.on_epoch else name] = reduced.get(name, entry.step_value)
-        return self._to_floats(values)
+        floats = self._to_floats(values)
+        self.logged_metrics.update(floats)  # the synced values, where sync_dist asked for them
+        return floats
 
     def reduce_epoch(self, stage: str) -> tuple[dict[str, float], dict[str, float]]:
         """Compute every epoch value of `stage` (every rank must call this once per epoch) and reset the accumulators.

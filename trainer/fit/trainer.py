@@ -192,6 +192,15 @@ class Trainer:
         return int(self.fit_loop_state["global_step"])
 
     @property
+    def logging_step(self) -> int:
+        """The step trackers receive: boundary batches done so far (Lightning's ``_batches_that_stepped``).
+
+        It counts the batches that ended an accumulation window (every batch in manual optimization), and grows
+        after the batch's step values and any validation it triggered were logged: the first row is step 0.
+        """
+        return int(self.fit_loop_state["batches_that_stepped"])
+
+    @property
     def current_epoch(self) -> int:
         return int(self.fit_loop_state["epoch"])
 
@@ -208,7 +217,7 @@ class Trainer:
         return self._results.callback_metrics
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
+    def logged_metrics(self) -> dict[str, Any]:
         return self._results.logged_metrics
 
     @property
@@ -253,9 +262,9 @@ class Trainer:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log values computed outside ``self.log`` (a callback's learning rates, throughput, ...).
 
-        They go into `callback_metrics` and `logged_metrics` and, with the current ``"epoch"`` added, to every
-        tracker (each callback's ``on_log_metrics``) at `step` (default: `global_step`). Nothing reaches the
-        trackers while sanity checking, as for ``self.log``.
+        They go into `callback_metrics` and `logged_metrics` and to every tracker (each callback's
+        ``on_log_metrics``) at `step`; without a `step`, at `logging_step` with the current ``"epoch"`` added (as
+        Lightning's logger connector does). Nothing reaches the trackers while sanity checking, as for ``self.log``.
 
         Raises:
             TypeError: `metrics` is not a dict of numbers (or one-element tensors).
@@ -270,7 +279,10 @@ class Trainer:
                 raise TypeError(f"log_metrics got {name}={value!r:.100}, which is not a number; log numbers or one-element tensors") from None
         self.callback_metrics.update(values)
         self.logged_metrics.update(values)
-        self._send_to_trackers(values, step)
+        if step is None:
+            self._send_to_trackers(values)
+        elif values and not self.sanity_checking:
+            self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, int(step))
 
     def results_state_dict(self) -> dict[str, Any]:
         """The epoch accumulators of ``self.log(..., on_epoch=True)``, saved in checkpoints so epoch values stay exact on resume."""
@@ -497,12 +509,15 @@ class Trainer:
         self._dispatch.call("on_after_backward")
 
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Hand `metrics` (plus ``"epoch"``) to every callback's ``on_log_metrics``; nothing while sanity checking."""
+        """Hand `metrics` plus ``"epoch"`` to every callback's ``on_log_metrics`` at `step` (default: `logging_step`);
+        nothing while sanity checking."""
         if not metrics or self.sanity_checking:
             return
-        dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
-        dispatch.call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, self.global_step if step is None else step)
+        step = self.logging_step if step is None else step
+        self._dispatch_for_trackers().call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, step)
 
+    def _dispatch_for_trackers(self) -> HookDispatcher:
+        return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
 
 def _one_data_source(datamodule: Any, *loaders: Any) -> None:
     if datamodule is not None and any(loader is not None for loader in loaders):
