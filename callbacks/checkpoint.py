@@ -49,6 +49,7 @@ class ModelCheckpoint(Callback):
     """
 
     _runs_last = True
+    _monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
 

@@ -89,15 +89,35 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
             break
         if preemption.due(trainer) and batch_idx + 1 < trainer.num_training_batches:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
-    results.set_context("train", False)
-    trainer._dispatch.call_module("on_train_epoch_end")
-    _, logged = results.reduce_epoch("train")
-    trainer._dispatch.call_callbacks("on_train_epoch_end")
+    _, logged = _end_of_epoch(trainer, "train")
     trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
     cut_by_max_steps = state["batches_done_in_epoch"] < trainer.num_training_batches and max_steps_reached(trainer)
     if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
     return None
+
+
+def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[str, float]]:
+    """``on_<stage>_epoch_end`` in Lightning's order, with the epoch values computed around it.
+
+    Returns ``(the epoch values, the ones for the trackers)``.
+
+    The epoch values of what the steps logged are computed first, so every epoch-end hook sees them; then the
+    callbacks run and the module's hook; the values those hooks logged are computed last. At the end of a
+    training epoch the callbacks that monitor a metric (checkpointing, early stopping) run after the module's
+    hook and that last computation, so they see what the module logged there; the other callbacks run before it.
+    """
+    results, dispatch, event = trainer._results, trainer._dispatch, f"on_{stage}_epoch_end"
+    results.set_context(stage, False)
+    metrics, logged = results.reduce_epoch(stage)
+    results.set_context(stage, False, epoch_end=True)
+    dispatch.call_callbacks(event, monitoring=False if stage == "train" else None)
+    dispatch.call_module(event)
+    more_metrics, more_logged = results.reduce_epoch(stage, epoch_end=True)
+    if stage == "train":
+        dispatch.call_callbacks(event, monitoring=True)
+    results.set_context(stage, False)
+    return {**metrics, **more_metrics}, {**logged, **more_logged}
 
 
 def _train_batches(trainer: Trainer, start: int) -> Any:
@@ -162,6 +182,8 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
                     "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
                     stacklevel=2,
                 )
+            if state["accumulation_position"] == 0:  # Lightning's place: the window's first batch, after training_step
+                _zero_grad(trainer)
             if not skip:
                 trainer._dispatch.call("on_before_backward", loss)
                 acc.backward(loss)
@@ -180,7 +202,10 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
 
 
 def optimizer_step(trainer: Trainer) -> None:
-    """Unscale, clip, step and zero the (single, automatic-optimization) optimizer, then step the schedulers."""
+    """Unscale, clip and step the (single, automatic-optimization) optimizer, then step the schedulers.
+
+    Its gradients are zeroed on the next window's first batch (`_zero_grad`), where Lightning zeroes them.
+    """
     acc, optimizer = trainer.accelerator, trainer.optimizers[0]
     acc.unscale_gradients(optimizer)
     trainer._dispatch.call("on_before_optimizer_step", optimizer)
@@ -193,10 +218,15 @@ def optimizer_step(trainer: Trainer) -> None:
     optimizer.step()
     trainer.fit_loop_state["global_step"] += 1
     trainer.fit_loop_state["accumulated"] = 0
-    trainer._dispatch.call("on_before_zero_grad", optimizer)
-    optimizer.zero_grad()
     if trainer.lr_scheduler_configs and not acc.optimizer_step_was_skipped:
         step_schedulers(trainer, "step", update_plateau=True)
+
+
+def _zero_grad(trainer: Trainer) -> None:
+    """``on_before_zero_grad`` (it sees the gradients of the previous step), then zero them before this window's backward."""
+    optimizer = trainer.optimizers[0]
+    trainer._dispatch.call("on_before_zero_grad", optimizer)
+    getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)  # the prepared wrapper would zero on boundaries only
 
 
 def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:
@@ -302,10 +332,12 @@ def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
             if stage == "predict":
                 predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
             call(f"on_{stage}_batch_end", output, batch, batch_idx)
-        trainer._dispatch.call_module(f"on_{stage}_epoch_end")
-        metrics, logged = results.reduce_epoch(stage) if stage != "predict" else ({}, {})
-        trainer._dispatch.call_callbacks(f"on_{stage}_epoch_end")
-        trainer._send_to_trackers(logged)
+        metrics: dict[str, float] = {}
+        if stage == "predict":
+            call("on_predict_epoch_end")
+        else:
+            metrics, logged = _end_of_epoch(trainer, stage)
+            trainer._send_to_trackers(logged)
         call(f"on_{stage}_end")
     results.enabled, trainer.training = True, was_training
     if stage == "predict":

@@ -69,6 +69,7 @@ class _Entry:
     total: Any = None
     weight: Any = 0.0
     updates: int = 0
+    epoch_end: bool = False  # logged in an epoch-end hook: reduced after those hooks ran (see ResultsStore.reduce_epoch)
 
     def accumulate(self, value: Any, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -111,6 +112,7 @@ class ResultsStore:
         self.world_size = world_size
         self.stage = "train"
         self.step_context = True
+        self.epoch_end = False
         self.enabled = True
         self._entries: dict[str, dict[str, _Entry]] = {}
         self._batch: Any = None
@@ -120,9 +122,10 @@ class ResultsStore:
         self.progress_bar_metrics: dict[str, Any] = {}
 
     # context, set by the loop
-    def set_context(self, stage: str, step_context: bool) -> None:
-        """Say which loop is running and whether the current hook is per-batch training code."""
-        self.stage, self.step_context = stage, step_context
+    def set_context(self, stage: str, step_context: bool, *, epoch_end: bool = False) -> None:
+        """Say which loop is running, whether the current hook is per-batch training code, and whether it is an
+        epoch-end hook (``on_*_epoch_end``: what it logs is reduced by ``reduce_epoch(stage, epoch_end=True)``)."""
+        self.stage, self.step_context, self.epoch_end = stage, step_context, epoch_end
 
     def set_batch(self, batch: Any) -> None:
         """Remember the current batch; its size is inferred only if a logged mean needs it."""
@@ -171,7 +174,13 @@ class ResultsStore:
         entries = self._entries.setdefault(self.stage, {})
         entry = entries.get(name)
         if entry is None:
-            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric)
+            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric, epoch_end=self.epoch_end)
+        elif entry.epoch_end != self.epoch_end:
+            where = ("an epoch-end hook", "a step or batch hook") if entry.epoch_end else ("a step or batch hook", "an epoch-end hook")
+            raise ValueError(
+                f"self.log({name!r}, ...) was called in {where[0]} and now in {where[1]} of the same {self.stage} epoch; "
+                "their epoch values are computed at different points, so log the epoch-end value under another name"
+            )
         elif (entry.on_step, entry.on_epoch, entry.reduce_fx, entry.metric is not None) != (on_step, on_epoch, fx, metric is not None):
             raise ValueError(
                 f"self.log({name!r}, ...) was called before with on_step={entry.on_step}, on_epoch={entry.on_epoch}, "
@@ -257,14 +266,17 @@ class ResultsStore:
         self.logged_metrics.update(floats)  # the synced values, where sync_dist asked for them
         return floats
 
-    def reduce_epoch(self, stage: str) -> tuple[dict[str, float], dict[str, float]]:
-        """Compute every epoch value of `stage` (every rank must call this once per epoch) and reset the accumulators.
+    def reduce_epoch(self, stage: str, *, epoch_end: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+        """Compute the epoch values of `stage` and reset their accumulators; every rank calls this twice per epoch.
+
+        First (``epoch_end=False``) for what the steps and batch hooks logged, before the epoch-end hooks run (so
+        they see those values, as in Lightning); then (``epoch_end=True``) for what the epoch-end hooks logged.
 
         Returns:
             ``(all epoch values, the ones meant for the loggers)``, as floats. `callback_metrics`,
             `logged_metrics` and `progress_bar_metrics` are updated.
         """
-        entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch}
+        entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch and e.epoch_end == epoch_end}
         local = {n: "metric" if e.metric is not None else e.reduce_fx for n, e in entries.items()
                  if e.metric is not None or (e.sync_dist and e.updates > 0)}
         agreed, missing = self._agree(local)
@@ -339,7 +351,7 @@ class ResultsStore:
 
     def reset(self) -> None:
         """Forget all entries (a new ``fit``/``validate``/``test`` run)."""
-        self.enabled = True
+        self.enabled, self.epoch_end = True, False
         self._entries.clear()
         self.callback_metrics.clear()
         self.logged_metrics.clear()

@@ -46,7 +46,7 @@ class Trainer:
         accumulate_grad_batches: batches per optimizer step.
         gradient_clip_val: clip gradients to this before each step (None: no clipping).
         gradient_clip_algorithm: ``"norm"`` (the total norm) or ``"value"`` (each element).
-        callbacks: `Callback` objects, called in list order after the module's hooks.
+        callbacks: `Callback` objects, called in list order before the module's hooks (Lightning's order).
         log_with: tracker name(s) (``"csv"``, ``"tensorboard"``, ...), tracker objects, or None.
         project_dir: where logs and checkpoints go.
         val_check_interval: validate every N training batches (int) or every fraction of an epoch (float).
@@ -351,6 +351,7 @@ class Trainer:
         self._configure_optimizers(module)
         self._restore(ckpt_path)
         self._dispatch.call("on_fit_start")
+        module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
         if val_loader is not None and self.num_sanity_val_steps != 0 and self.global_step == 0:
             loops.sanity_check(self, val_loader)
         self.training = True
@@ -477,9 +478,9 @@ class Trainer:
         datamodule.setup(stage)
 
     def _teardown(self, stage: str) -> None:
-        self._dispatch.call("teardown", stage)
-        if self.datamodule is not None:
+        if self.datamodule is not None:  # Lightning's order: the datamodule, the callbacks, the module
             self.datamodule.teardown(stage)
+        self._dispatch.call("teardown", stage)
         self._end_run()
 
     def _end_run(self) -> None:
