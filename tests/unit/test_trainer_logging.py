@@ -78,7 +78,6 @@ def test_logger_false_is_kept_out_of_the_loggers() -> None:
         ({"value": torch.ones(3)}, ValueError, "tensor of shape \\(3,\\)"),
         ({"value": "high"}, TypeError, "value of type str"),
         ({"value": 1.0, "reduce_fx": "median"}, ValueError, "reduce_fx='median'"),
-        ({"value": 1.0, "on_step": True}, ValueError, "only supported in training"),
         ({"value": 1.0, "on_step": False, "on_epoch": False}, ValueError, "logs nothing"),
         ({"value": 1.0, "batch_size": 0}, ValueError, "batch_size=0"),
     ],
@@ -336,3 +335,29 @@ def test_lr_monitor_logs_at_the_tracker_step_without_an_epoch(tmp_path: Any) -> 
     rows = [(step, sorted(values)) for step, values in recorder.records]
     assert rows == [(1, ["lr-SGD"]), (1, ["epoch", "loss_step"]), (3, ["lr-SGD"]), (3, ["epoch", "loss_step"]),
                     (3, ["epoch", "loss_epoch"])]
+
+
+class LogsPerValidationStep(LogsEverything):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("vloss", batch[0].mean(), on_step=True)  # on_epoch stays True in validation: vloss_step and vloss_epoch
+
+    test_step = validation_step
+
+
+def test_on_step_in_validation_and_test_gives_lightnings_step_and_epoch_names(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=2, log_every_n_steps=50, callbacks=[recorder])
+    module = LogsPerValidationStep()
+    trainer.fit(module, _data(2, 1), _data(3, 2))  # validation batches [0, 1] and [2]; the sanity check logs nothing
+    rows = [(step, values) for step, values in recorder.records if "vloss_step" in values or "vloss_epoch" in values]
+    # Lightning: each evaluation batch at the count of evaluation batches of this fit so far (no epoch key),
+    # the epoch value as any epoch value (at the training step, with the epoch)
+    assert rows == [
+        (0, {"vloss_step": 0.5}), (1, {"vloss_step": 2.0}), (1, {"vloss_epoch": 1.0, "epoch": 0}),
+        (2, {"vloss_step": 0.5}), (3, {"vloss_step": 2.0}), (3, {"vloss_epoch": 1.0, "epoch": 1}),
+    ]
+    assert {"vloss", "vloss_step", "vloss_epoch"} <= set(trainer.callback_metrics)
+    assert {"vloss_step", "vloss_epoch"} <= set(trainer.logged_metrics)
+    recorder.records.clear()
+    assert trainer.test(module, _data(3, 2)) == [{"vloss_epoch": pytest.approx(1.0)}]
+    assert [step for step, values in recorder.records if "vloss_step" in values] == [0, 1]  # a new run counts from 0

@@ -332,6 +332,9 @@ def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
             if stage == "predict":
                 predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
             call(f"on_{stage}_batch_end", output, batch, batch_idx)
+            if stage != "predict" and not trainer.sanity_checking:  # Lightning: every batch, at the batches seen so far
+                trainer._send_to_trackers(results.flush_step(stage), trainer._eval_batches_seen[stage], epoch=False)
+                trainer._eval_batches_seen[stage] += 1
         metrics: dict[str, float] = {}
         if stage == "predict":
             call("on_predict_epoch_end")

@@ -161,11 +161,6 @@ class ResultsStore:
         on_epoch = (not self.step_context) if on_epoch is None else bool(on_epoch)
         if not on_step and not on_epoch:
             raise ValueError(f"self.log({name!r}, ...) with on_step=False and on_epoch=False logs nothing; set one of them to True")
-        if on_step and self.stage != "train":
-            raise ValueError(
-                f"self.log({name!r}, ..., on_step=True) is only supported in training; "
-                f"in {self.stage} values are aggregated per epoch: use on_step=False"
-            )
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
         metric = value if _is_metric(value) else None
@@ -248,14 +243,17 @@ class ResultsStore:
                 out[name] = packed[i] / packed[len(names) + i] if kind == "mean" else packed[i]
         return out
 
-    def flush_step(self) -> dict[str, float]:
-        """The step values logged since the last call, as floats (``sync_dist`` ones reduced across ranks).
+    def flush_step(self, stage: str = "train") -> dict[str, float]:
+        """The step values of `stage` logged since the last call, as floats.
 
-        Every rank must call this at the same steps when more than one process runs.
+        In training, ``sync_dist`` ones are reduced across ranks, and every rank must call this at the same steps
+        when more than one process runs. In evaluation each process runs its own number of batches (every sample
+        once), so step values are this process's own and nothing is reduced (``sync_dist`` applies to the epoch value).
         """
-        entries = self._entries.get("train", {})
+        entries = self._entries.get(stage, {})
         dirty = {n: e for n, e in entries.items() if e.on_step and e.step_dirty}
-        synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None})
+        sync = stage == "train"
+        synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None}) if sync else ({}, set())
         reduced = self._reduce_values({n: ("mean", dirty[n].step_value, 1.0) if n in dirty else ("mean", None, None) for n in synced})
         values: dict[str, Any] = {}
         for name, entry in dirty.items():

@@ -136,6 +136,9 @@ class Trainer:
         self.agreed_nonfinite = False  # the processes agreed this batch has a non-finite loss (on_nonfinite)
         self.nonfinite_skipped = 0
         self.agreed_signal = 0  # ... and the one every process agreed on
+        # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
+        # the on_step values logged in validation_step/test_step, as Lightning's
+        self._eval_batches_seen = {"validation": 0, "test": 0}
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -279,10 +282,7 @@ class Trainer:
                 raise TypeError(f"log_metrics got {name}={value!r:.100}, which is not a number; log numbers or one-element tensors") from None
         self.callback_metrics.update(values)
         self.logged_metrics.update(values)
-        if step is None:
-            self._send_to_trackers(values)
-        elif values and not self.sanity_checking:
-            self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, int(step))
+        self._send_to_trackers(values, None if step is None else int(step), epoch=step is None)
 
     def results_state_dict(self) -> dict[str, Any]:
         """The epoch accumulators of ``self.log(..., on_epoch=True)``, saved in checkpoints so epoch values stay exact on resume."""
@@ -451,6 +451,7 @@ class Trainer:
         if not isinstance(module, TrainModule):
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
+        self._eval_batches_seen = {"validation": 0, "test": 0}
         setup_stage = "fit" if stage == "fit" else stage
         self.received_signal = self.agreed_signal = 0
         handlers = preemption.install(self) if stage == "fit" else {}
@@ -509,13 +510,14 @@ class Trainer:
         self.accelerator.backward(loss, **kwargs)
         self._dispatch.call("on_after_backward")
 
-    def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Hand `metrics` plus ``"epoch"`` to every callback's ``on_log_metrics`` at `step` (default: `logging_step`);
-        nothing while sanity checking."""
+    def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
+        """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
+        (default: `logging_step`); nothing while sanity checking."""
         if not metrics or self.sanity_checking:
             return
         step = self.logging_step if step is None else step
-        self._dispatch_for_trackers().call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, step)
+        values = {**metrics, "epoch": self.current_epoch} if epoch else dict(metrics)
+        self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, step)
 
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
