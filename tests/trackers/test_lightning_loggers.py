@@ -116,3 +116,33 @@ def test_mlflow_logger_takes_lightnings_arguments(tmp_path: Path, offline_env: P
     assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
     with pytest.raises(ValueError, match=r"MLFlowLogger does not support \['asynchronous'\]"):
         MLFlowLogger(synchronous=False)
+
+
+def test_comet_logger_takes_lightnings_arguments_offline(tmp_path: Path, offline_env: Path) -> None:
+    pytest.importorskip("comet_ml")
+    import json
+    import zipfile
+
+    from callbacks.trackers import CometLogger
+
+    logger = CometLogger(project="proj", online=False, prefix="p", name="first-run", offline_directory=str(tmp_path / "comet"))
+    _fit(tmp_path, logger)
+    (archive,) = (tmp_path / "comet").glob("*.zip")
+    with zipfile.ZipFile(archive) as handle:
+        experiment = json.loads(handle.read("experiment.json"))
+        messages = [json.loads(line) for line in handle.read("messages.json").splitlines() if line.strip()]
+    assert experiment["project_name"] == "proj"
+    params = {m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"] for m in messages if m["type"] == "parameter_msg"}
+    assert params["lr"] in (0.1, "0.1")
+    metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
+    losses = [(metric["step"], metric["epoch"]) for metric in metrics if metric["metricName"] == "p_train_loss"]
+    assert losses == [(i, i // 4) for i in range(8)]  # Lightning's steps, the epoch as Comet's epoch, not a metric
+    assert not [metric for metric in metrics if metric["metricName"] in ("epoch", "p_epoch")]
+    others = {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
+    assert others["Name"] == "first-run"  # name= went to comet_ml.ExperimentConfig, as in Lightning
+    with pytest.raises(ValueError, match="mode='sometimes'"):
+        CometLogger(mode="sometimes")
+    with pytest.raises(ValueError, match="both offline= and online="):
+        CometLogger(offline=True, online=False)
+    old = CometLogger(project_name="old", experiment_name="n", save_dir="dir", offline=True)
+    assert (old._project, old.init_kwargs["online"], old.save_dir, old._config_kwargs["name"]) == ("old", False, "dir", "n")
