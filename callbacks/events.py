@@ -13,6 +13,8 @@ The loop, in pseudocode (``fit`` with validation)::
     for epoch in epochs:
         on_train_epoch_start
         for batch in train_loader:
+            # module/DataModule only, when overridden: on_before_batch_transfer, transfer_batch_to_device,
+            # on_after_batch_transfer (also for every evaluation batch)
             on_train_batch_start(batch, batch_idx)
             loss = module.training_step(batch, batch_idx)
             if first batch of an accumulation window:
@@ -45,7 +47,8 @@ The loop, in pseudocode (``fit`` with validation)::
         on_log_metrics(metrics, step)
         on_validation_end
 
-``test`` and ``predict`` follow the validation loop's shape with their own names.
+``test`` and ``predict`` follow the validation loop's shape with their own names. With several evaluation
+loaders the batch loop runs over each in turn and the batch events get ``dataloader_idx`` too.
 ``on_save_checkpoint(checkpoint)`` and ``on_load_checkpoint(checkpoint)`` fire when a checkpoint is
 written or restored; ``on_exception(exception)`` fires when the loop raises.
 

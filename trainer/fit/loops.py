@@ -49,14 +49,15 @@ def fit_done(trainer: Trainer) -> bool:
     return trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
 
 
-def sanity_check(trainer: Trainer, val_loader: Any) -> None:
+def sanity_check(trainer: Trainer, val_loaders: list[Any]) -> None:
     """Run ``num_sanity_val_steps`` validation batches; the metrics they log are dropped afterwards."""
     stores = (trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics)
     saved = [dict(d) for d in stores]
     trainer.sanity_checking = True
     trainer._dispatch.call("on_sanity_check_start")
-    steps = trainer.num_val_batches if trainer.num_sanity_val_steps == -1 else min(trainer.num_sanity_val_steps, trainer.num_val_batches)
-    eval_loop(trainer, "validation", val_loader, steps)
+    limits = trainer._val_limits
+    steps = limits if trainer.num_sanity_val_steps == -1 else [min(trainer.num_sanity_val_steps, n) for n in limits]
+    eval_loop(trainer, "validation", val_loaders, steps)
     trainer._dispatch.call("on_sanity_check_end")
     trainer.sanity_checking = False
     for target, values in zip(stores, saved):
@@ -64,7 +65,7 @@ def sanity_check(trainer: Trainer, val_loader: Any) -> None:
         target.update(values)
 
 
-def train_epoch(trainer: Trainer, val_loader: Any) -> None:
+def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     """Run (the rest of) one training epoch, validating when due."""
     state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
     if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:
@@ -79,8 +80,8 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
         if batch is _MISSING:
             break
         go_on = train_batch(trainer, batch, batch_idx)
-        if go_on and val_loader is not None and _validation_due(trainer, batch_idx):
-            eval_loop(trainer, "validation", val_loader, trainer.num_val_batches)
+        if go_on and val_loaders and _validation_due(trainer, batch_idx):
+            eval_loop(trainer, "validation", val_loaders, trainer._val_limits)
             module.train()
         if state["stepping_batch_open"]:  # a boundary batch counts once its validation logged at its step
             state["batches_that_stepped"] += 1
@@ -153,6 +154,8 @@ def _validation_due(trainer: Trainer, batch_idx: int) -> bool:
 def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
     """Run one training batch; return False (having done nothing) when the processes agreed to stop."""
     state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.attached_module
+    if trainer._moves_batches:
+        batch = transfer_batch(trainer, batch, 0)
     trainer._results.set_batch(batch)
     trainer._results.set_context("train", True)
     trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
@@ -293,11 +296,13 @@ def agree_flags(trainer: Trainer, skip: bool, nonfinite: bool = False) -> tuple[
 
 
 # ---------------------------------------------------------------------------------------- evaluation
-def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
-    """Run one epoch of `stage` ("validation", "test" or "predict") over at most `limit` batches.
+def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int]) -> Any:
+    """Run one epoch of `stage` ("validation", "test" or "predict") over each loader in turn, at most `limits[i]`
+    batches of loader i. With several loaders the steps and batch hooks also get ``dataloader_idx`` (as Lightning's).
 
-    Returns ``[{metric: value}]`` of the epoch-level metrics, or for "predict" every batch's output
-    in dataset order.
+    Returns ``[{metric: value}]``, one dict per loader (with several, loader i's holds the ``name/dataloader_idx_<i>``
+    values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
+    (a list per loader when there are several).
     """
     module, call, results = trainer.attached_module, trainer._dispatch.call, trainer._results
     step = getattr(module, f"{stage}_step")
@@ -309,32 +314,45 @@ def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
     if through and trainer.world_size > 1:
         # Each sample is evaluated once, so processes may run different numbers of batches; a forward that
         # all-gathers would then wait forever for the process that has finished. Gather the parameters once instead.
-        counts = strategy.all_gather_object(min(limit, len(loader)))
-        if len(set(counts)) > 1:
+        counts = strategy.all_gather_object([min(limit, len(loader)) for loader, limit in zip(loaders, limits)])
+        if any(c != counts[0] for c in counts):
             gathered, through = strategy.gathered_parameters(wrapped), False
+    several = len(loaders) > 1
+    transfer = moves_batches_itself(trainer)
     module.eval()
     was_training, trainer.training = trainer.training, False
     results.set_context(stage, False)
     results.enabled = stage != "predict"
-    predictions: list[tuple[int, int, Any]] = []
+    predictions: list[list[tuple[int, int, Any]]] = [[] for _ in loaders]
     with torch.no_grad(), gathered:
         call(f"on_{stage}_start")
         call(f"on_{stage}_epoch_start")
-        batches = iter(loader)
-        for batch_idx in range(limit):
-            batch = next(batches, _MISSING)
-            if batch is _MISSING:
-                break
-            results.set_batch(batch)
-            call(f"on_{stage}_batch_start", batch, batch_idx)
-            with strategy.precision.forward_context():
-                output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx) if through else step(batch, batch_idx)
-            if stage == "predict":
-                predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
-            call(f"on_{stage}_batch_end", output, batch, batch_idx)
-            if stage != "predict" and not trainer.sanity_checking:  # Lightning: every batch, at the batches seen so far
-                trainer._send_to_trackers(results.flush_step(stage), trainer._eval_batches_seen[stage], epoch=False)
-                trainer._eval_batches_seen[stage] += 1
+        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+            extra = (dataloader_idx,) if several else ()
+            results.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+            batches = iter(loader)
+            for batch_idx in range(limit):
+                batch = next(batches, _MISSING)
+                if batch is _MISSING:
+                    break
+                if transfer:
+                    batch = transfer_batch(trainer, batch, dataloader_idx)
+                results.set_batch(batch)
+                call(f"on_{stage}_batch_start", batch, batch_idx, *extra)
+                with strategy.precision.forward_context():
+                    if through:
+                        output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx, *extra)
+                    else:
+                        output = step(batch, batch_idx, *extra)
+                if stage == "predict":
+                    predictions[dataloader_idx].append((batch_idx, trainer.global_rank, _to_cpu(output)))
+                call(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
+                if stage != "predict" and not trainer.sanity_checking:  # Lightning: every batch, at the batches seen so far
+                    seen = trainer._eval_batches_seen
+                    key = (stage, dataloader_idx)
+                    trainer._send_to_trackers(results.flush_step(stage), seen.get(key, 0), epoch=False)
+                    seen[key] = seen.get(key, 0) + 1
+        results.dataloader_suffix = ""
         metrics: dict[str, float] = {}
         if stage == "predict":
             call("on_predict_epoch_end")
@@ -344,8 +362,48 @@ def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
         call(f"on_{stage}_end")
     results.enabled, trainer.training = True, was_training
     if stage == "predict":
-        return _ordered_predictions(trainer, predictions)
-    return [metrics]
+        ordered = [_ordered_predictions(trainer, local) for local in predictions]
+        return ordered if several else ordered[0]
+    return [_of_loader(metrics, i) for i in range(len(loaders))] if several else [metrics]
+
+
+def _of_loader(metrics: dict[str, float], dataloader_idx: int) -> dict[str, float]:
+    """The metrics of loader `dataloader_idx`: its ``/dataloader_idx_<i>`` ones and those without a loader suffix."""
+    return {k: v for k, v in metrics.items() if "/dataloader_idx_" not in k or k.endswith(f"/dataloader_idx_{dataloader_idx}")}
+
+
+_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def _transfer_hook(trainer: Trainer, name: str) -> Any:
+    """The DataModule's batch-transfer hook `name` when its class overrides it, else the module's."""
+    from trainer.fit.datamodule import DataModule
+
+    datamodule = trainer.datamodule
+    if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(DataModule, name):
+        return getattr(datamodule, name)
+    return getattr(trainer.attached_module, name)
+
+
+def moves_batches_itself(trainer: Trainer) -> bool:
+    """True when the module or the DataModule overrides a batch-transfer hook: its loaders then leave batches where
+    they are, and `transfer_batch` moves them."""
+    from trainer.fit.datamodule import DataModule
+
+    module, datamodule = trainer.attached_module, trainer.datamodule
+    for name in _TRANSFER_HOOKS:
+        if overrides(module, name):
+            return True
+        if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(DataModule, name):
+            return True
+    return False
+
+
+def transfer_batch(trainer: Trainer, batch: Any, dataloader_idx: int) -> Any:
+    """Lightning's ``on_before_batch_transfer`` -> ``transfer_batch_to_device`` -> ``on_after_batch_transfer``."""
+    batch = _transfer_hook(trainer, "on_before_batch_transfer")(batch, dataloader_idx)
+    batch = _transfer_hook(trainer, "transfer_batch_to_device")(batch, trainer.accelerator.device, dataloader_idx)
+    return _transfer_hook(trainer, "on_after_batch_transfer")(batch, dataloader_idx)
 
 
 def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:
@@ -371,7 +429,10 @@ def overrides(module: TrainModule, name: str) -> bool:
 
 
 def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
-    """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's."""
+    """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's.
+
+    "train" gives one loader; the evaluation kinds a list (a single loader becomes a list of one).
+    """
     owner = module._trainer
     datamodule = getattr(owner, "datamodule", None) if owner is not None else None
     if given is None and datamodule is not None:
@@ -379,17 +440,20 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
     if given is None:
         method = getattr(module, f"{kind}_dataloader", None)
         given = method() if callable(method) else None
-    if isinstance(given, (list, tuple)):
-        if len(given) != 1:
-            raise ValueError(f"one {kind} dataloader is supported, got {len(given)}; pass a single DataLoader")
-        given = given[0]
-    if given is None:
+    if isinstance(given, dict):
+        raise TypeError(f"the {kind} dataloaders are a dict; pass a list of DataLoaders (dataloader_idx is the position in it)")
+    several = isinstance(given, (list, tuple))
+    loaders = list(given) if several else [given]
+    if several and kind == "train" and len(loaders) != 1:
+        raise ValueError(f"one train dataloader is supported, got {len(loaders)}; pass a single DataLoader")
+    if given is None or not loaders:
         if required:
             raise ValueError(f"no {kind} dataloader: pass one to the Trainer method, or define {kind}_dataloader() on {type(module).__name__}")
         return None
-    if not isinstance(given, torch.utils.data.DataLoader):
-        raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(given).__name__}")
-    return given
+    for loader in loaders:
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    return loaders if kind != "train" else loaders[0]
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:

@@ -113,6 +113,7 @@ class ResultsStore:
         self.stage = "train"
         self.step_context = True
         self.epoch_end = False
+        self.dataloader_suffix = ""  # "/dataloader_idx_<i>" while one of several evaluation loaders runs
         self.enabled = True
         self._entries: dict[str, dict[str, _Entry]] = {}
         self._batch: Any = None
@@ -150,12 +151,15 @@ class ResultsStore:
         sync_dist: bool = False,
         reduce_fx: Any = "mean",
         batch_size: int | None = None,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
         if not isinstance(name, str) or not name:
             raise ValueError(f"self.log needs a non-empty string name, got {name!r}")
+        if add_dataloader_idx:
+            name += self.dataloader_suffix
         fx = normalize_reduce_fx(reduce_fx)
         on_step = self.step_context if on_step is None else bool(on_step)
         on_epoch = (not self.step_context) if on_epoch is None else bool(on_epoch)

@@ -123,9 +123,9 @@ class Trainer:
         self.optimizers: list[Any] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
         self.num_training_batches = 0
-        self.num_val_batches = 0
-        self.num_test_batches = 0
-        self.num_predict_batches = 0
+        self.num_val_batches: int | list[int] = 0  # a list with several loaders (one count each)
+        self.num_test_batches: int | list[int] = 0
+        self.num_predict_batches: int | list[int] = 0
         self.lightning_module: TrainModule | None = None
         self._model: Any = None
         self._prepared_for: int | None = None
@@ -138,7 +138,9 @@ class Trainer:
         self.agreed_signal = 0  # ... and the one every process agreed on
         # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
         # the on_step values logged in validation_step/test_step, as Lightning's
-        self._eval_batches_seen = {"validation": 0, "test": 0}
+        self._eval_batches_seen: dict[tuple[str, int], int] = {}
+        self._val_limits: list[int] = []  # validation batches per loader of the running fit
+        self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (loops.transfer_batch)
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -336,42 +338,44 @@ class Trainer:
         self.fit_loop_state.update(loops.new_loop_state())
         self._warned_skip = False
         self.nonfinite_skipped = 0
+        self._moves_batches = loops.moves_batches_itself(self)
         given = loops.loader_from(module, "train", train_dataloaders, required=True)
         if len(given) == 0:
             raise ValueError(
                 f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
                 f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
             )
-        self._train_loader = self.accelerator.prepare(given)
+        self._train_loader = self.accelerator.prepare(given, device_placement=[not self._moves_batches])
         self.num_training_batches = loops.limit_batches(len(self._train_loader), self._args.limit_train_batches)
         if self.num_training_batches == 0:
             warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=3)
-        val_loader = self._fit_val_loader(module, val_dataloaders)
-        self.num_val_batches = loops.limit_batches(len(val_loader), self._args.limit_val_batches) if val_loader is not None else 0
+        val_loaders = self._fit_val_loaders(module, val_dataloaders)
+        self._val_limits = [loops.limit_batches(len(loader), self._args.limit_val_batches) for loader in val_loaders or []]
+        self.num_val_batches = _one_or_list(self._val_limits)
         self._configure_optimizers(module)
         self._restore(ckpt_path)
         self._dispatch.call("on_fit_start")
         module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
-        if val_loader is not None and self.num_sanity_val_steps != 0 and self.global_step == 0:
-            loops.sanity_check(self, val_loader)
+        if val_loaders and self.num_sanity_val_steps != 0 and self.global_step == 0:
+            loops.sanity_check(self, val_loaders)
         self.training = True
         self._dispatch.call("on_train_start")
         while not loops.fit_done(self):
-            loops.train_epoch(self, val_loader)
+            loops.train_epoch(self, val_loaders)
             if preemption.due(self):
                 preemption.checkpoint_and_exit(self)
         self.training = False
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
-    def _fit_val_loader(self, module: TrainModule, val_dataloaders: Any) -> Any:
-        """The sharded validation loader of a fit, or None when there is nothing to validate."""
+    def _fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
+        """The sharded validation loaders of a fit, or None when there is nothing to validate."""
         val = loops.loader_from(module, "val", val_dataloaders, required=False) if loops.overrides(module, "validation_step") else None
         if val_dataloaders is not None and val is None:
             warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
-        if val is not None and loops.limit_batches(len(val), self._args.limit_val_batches) == 0:
-            val = None  # decided from the unsharded loader, so every process agrees (a process may hold no batch)
-        return self._eval_loader(val) if val is not None else None
+        if val is not None and all(loops.limit_batches(len(loader), self._args.limit_val_batches) == 0 for loader in val):
+            val = None  # decided from the unsharded loaders, so every process agrees (a process may hold no batch)
+        return [self._eval_loader(loader) for loader in val] if val is not None else None
 
     def _configure_optimizers(self, module: TrainModule) -> None:
         """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
@@ -412,9 +416,10 @@ class Trainer:
     def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None) -> Any:
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
-        loader = self._eval_loader(loops.loader_from(module, kind, dataloaders, required=True))
-        limit = loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches"))
-        setattr(self, f"num_{kind}_batches", limit)
+        self._moves_batches = loops.moves_batches_itself(self)
+        loaders = [self._eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
+        limits = [loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches")) for loader in loaders]
+        setattr(self, f"num_{kind}_batches", _one_or_list(limits))
         if self._prepared_for != id(module) and self.accelerator.strategy.joint_setup:
             # before any fit: an engine set up now could not take the optimizers of a later fit, so evaluate the plain module
             self._model = self.accelerator.strategy.setup_module(module, wrap=False)
@@ -422,11 +427,11 @@ class Trainer:
             self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         if ckpt_path is not None:
             self._load_weights(ckpt_path)
-        return loops.eval_loop(self, stage, loader, limit)
+        return loops.eval_loop(self, stage, loaders, limits)
 
     def _eval_loader(self, loader: Any) -> Any:
         """Shard an evaluation loader without padding (every sample seen once), outside the checkpointed loaders."""
-        return self.accelerator.prepare_data_loader(loader, even_batches=False, register=False)
+        return self.accelerator.prepare_data_loader(loader, device_placement=not self._moves_batches, even_batches=False, register=False)
 
     def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
@@ -451,7 +456,7 @@ class Trainer:
         if not isinstance(module, TrainModule):
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
-        self._eval_batches_seen = {"validation": 0, "test": 0}
+        self._eval_batches_seen = {}
         setup_stage = "fit" if stage == "fit" else stage
         self.received_signal = self.agreed_signal = 0
         handlers = preemption.install(self) if stage == "fit" else {}
@@ -521,6 +526,11 @@ class Trainer:
 
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
+
+def _one_or_list(limits: list[int]) -> int | list[int]:
+    """``num_val_batches`` and friends: the count of one loader (0 without any), or one count per loader."""
+    return limits[0] if len(limits) == 1 else (limits or 0)
+
 
 def _one_data_source(datamodule: Any, *loaders: Any) -> None:
     if datamodule is not None and any(loader is not None for loader in loaders):
