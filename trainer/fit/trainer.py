@@ -56,7 +56,8 @@ class Trainer:
         limit_test_batches: the same for testing.
         limit_predict_batches: the same for prediction.
         num_sanity_val_steps: validation batches run before training (-1: all).
-        log_every_n_steps: write step values to the trackers every N optimizer steps.
+        log_every_n_steps: write step values to the trackers every N batches that end an accumulation window
+            (every N batches in manual optimization), at `logging_step`, as Lightning does.
         enable_progress_bar: add the default progress bar.
         enable_checkpointing: add the default `ModelCheckpoint`.
         enable_model_summary: add the default model summary.
