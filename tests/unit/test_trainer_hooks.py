@@ -37,8 +37,9 @@ class RecordingSGD(torch.optim.SGD):
         self.calls = calls
 
     def step(self, closure: Any = None) -> Any:
+        out = super().step(closure)  # recorded once the parameters were updated (a closure runs inside)
         self.calls.append("optimizer.step")
-        return super().step(closure)
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.calls.append("optimizer.zero_grad")
@@ -341,3 +342,33 @@ def test_checkpoint_hooks_run_in_lightnings_order(tmp_path: Any) -> None:
     trainer.fit(module, _loader(2), ckpt_path=str(tmp_path / "ckpt"))
     loading = [c for c in calls if "load_checkpoint" in c]
     assert loading == ["module.on_load_checkpoint", "cb.on_load_checkpoint"]  # loading: the module first
+
+
+class ManualRecording(RecordingModule):
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__(calls)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.calls.append("module.training_step")
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(self.layer(batch[0]).pow(2).mean())
+        opt.step(lambda: self.calls.append("closure"))
+
+
+def test_manual_optimization_batch_order_is_lightnings(tmp_path: Any) -> None:
+    calls: list[str] = []
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0, limit_train_batches=1,
+                       callbacks=[RecordingCallback(calls)])
+    trainer.fit(ManualRecording(calls), _loader())
+    start = calls.index("cb.on_train_batch_start")
+    # Lightning's (test_hooks.py, _manual_train_batch): the closure runs before on_before_optimizer_step, and the
+    # loop itself zeroes nothing (the step's opt.zero_grad() does)
+    assert calls[start:calls.index("module.on_train_batch_end") + 1] == [
+        "cb.on_train_batch_start", "module.on_train_batch_start",
+        "module.training_step", "optimizer.zero_grad",
+        "cb.on_before_backward", "module.on_before_backward", "cb.on_after_backward", "module.on_after_backward",
+        "closure", "cb.on_before_optimizer_step", "module.on_before_optimizer_step", "optimizer.step",
+        "cb.on_train_batch_end", "module.on_train_batch_end",
+    ]

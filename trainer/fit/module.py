@@ -165,13 +165,20 @@ class ManualOptimizer:
     def step(self, closure: Any = None) -> None:
         """Step the optimizer (loss scaling and skipped fp16 steps are handled by the Accelerator).
 
-        Calls ``on_before_optimizer_step(optimizer)`` on the module and callbacks first, as Lightning does.
+        Calls ``on_before_optimizer_step(optimizer)`` on the callbacks and the module first, as Lightning does;
+        with a `closure`, after the closure ran (inside the optimizer's step), as Lightning's precision plugin does.
         """
-        self._trainer._dispatch.call("on_before_optimizer_step", self)
+        dispatch = self._trainer._dispatch
         if closure is None:
+            dispatch.call("on_before_optimizer_step", self)
             self.optimizer.step()
         else:
-            self.optimizer.step(closure=closure)
+            def closure_then_hook() -> Any:
+                result = closure()
+                dispatch.call("on_before_optimizer_step", self)
+                return result
+
+            self.optimizer.step(closure=closure_then_hook)
         self._trainer.fit_loop_state["global_step"] += 1
 
     def zero_grad(self, set_to_none: bool = True) -> None:
