@@ -21,6 +21,7 @@ import torch
 
 from trainer.fit import preemption
 from trainer.fit.module import TrainModule
+from trainer.fit.transfer import moves_batches_itself, transfer_batch
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
@@ -370,40 +371,6 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
 def _of_loader(metrics: dict[str, float], dataloader_idx: int) -> dict[str, float]:
     """The metrics of loader `dataloader_idx`: its ``/dataloader_idx_<i>`` ones and those without a loader suffix."""
     return {k: v for k, v in metrics.items() if "/dataloader_idx_" not in k or k.endswith(f"/dataloader_idx_{dataloader_idx}")}
-
-
-_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-
-
-def _transfer_hook(trainer: Trainer, name: str) -> Any:
-    """The DataModule's batch-transfer hook `name` when its class overrides it, else the module's."""
-    from trainer.fit.datamodule import DataModule
-
-    datamodule = trainer.datamodule
-    if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(DataModule, name):
-        return getattr(datamodule, name)
-    return getattr(trainer.attached_module, name)
-
-
-def moves_batches_itself(trainer: Trainer) -> bool:
-    """True when the module or the DataModule overrides a batch-transfer hook: its loaders then leave batches where
-    they are, and `transfer_batch` moves them."""
-    from trainer.fit.datamodule import DataModule
-
-    module, datamodule = trainer.attached_module, trainer.datamodule
-    for name in _TRANSFER_HOOKS:
-        if overrides(module, name):
-            return True
-        if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(DataModule, name):
-            return True
-    return False
-
-
-def transfer_batch(trainer: Trainer, batch: Any, dataloader_idx: int) -> Any:
-    """Lightning's ``on_before_batch_transfer`` -> ``transfer_batch_to_device`` -> ``on_after_batch_transfer``."""
-    batch = _transfer_hook(trainer, "on_before_batch_transfer")(batch, dataloader_idx)
-    batch = _transfer_hook(trainer, "transfer_batch_to_device")(batch, trainer.accelerator.device, dataloader_idx)
-    return _transfer_hook(trainer, "on_after_batch_transfer")(batch, dataloader_idx)
 
 
 def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:

@@ -27,6 +27,7 @@ from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, de
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.results import ResultsStore
+from trainer.fit.transfer import moves_batches_itself
 
 
 class Trainer:
@@ -141,7 +142,7 @@ class Trainer:
         # the on_step values logged in validation_step/test_step, as Lightning's
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
         self._val_limits: list[int] = []  # validation batches per loader of the running fit
-        self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (loops.transfer_batch)
+        self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -339,7 +340,7 @@ class Trainer:
         self.fit_loop_state.update(loops.new_loop_state())
         self._warned_skip = False
         self.nonfinite_skipped = 0
-        self._moves_batches = loops.moves_batches_itself(self)
+        self._moves_batches = moves_batches_itself(self)
         given = loops.loader_from(module, "train", train_dataloaders, required=True)
         if len(given) == 0:
             raise ValueError(
@@ -417,7 +418,7 @@ class Trainer:
     def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None) -> Any:
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
-        self._moves_batches = loops.moves_batches_itself(self)
+        self._moves_batches = moves_batches_itself(self)
         loaders = [self._eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
         limits = [loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches")) for loader in loaders]
         setattr(self, f"num_{kind}_batches", _one_or_list(limits))
