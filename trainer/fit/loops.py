@@ -348,11 +348,11 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
                 if stage == "predict":
                     predictions[dataloader_idx].append((batch_idx, trainer.global_rank, _to_cpu(output)))
                 call(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
-                if stage != "predict" and not trainer.sanity_checking:  # Lightning: every batch, at the batches seen so far
-                    seen = trainer._eval_batches_seen
-                    key = (stage, dataloader_idx)
-                    trainer._send_to_trackers(results.flush_step(stage), seen.get(key, 0), epoch=False)
-                    seen[key] = seen.get(key, 0) + 1
+                if stage != "predict":  # Lightning: every batch, at the batches seen so far (the sanity check's are dropped)
+                    values, seen, key = results.flush_step(stage), trainer._eval_batches_seen, (stage, dataloader_idx)
+                    if not trainer.sanity_checking:
+                        trainer._send_to_trackers(values, seen.get(key, 0), epoch=False)
+                        seen[key] = seen.get(key, 0) + 1
         results.dataloader_suffix = ""
         metrics: dict[str, float] = {}
         if stage == "predict":

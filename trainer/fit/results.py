@@ -70,6 +70,11 @@ class _Entry:
     weight: Any = 0.0
     updates: int = 0
     epoch_end: bool = False  # logged in an epoch-end hook: reduced after those hooks ran (see ResultsStore.reduce_epoch)
+    suffix: str = ""  # "/dataloader_idx_<i>": the name's loader suffix, which goes after _step/_epoch
+
+    def forked(self, name: str, kind: str) -> str:
+        """Lightning's name of a value logged per step and per epoch: ``x_step``, ``x_epoch/dataloader_idx_1``."""
+        return f"{name[: len(name) - len(self.suffix)]}_{kind}{self.suffix}"
 
     def accumulate(self, value: Any, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -158,8 +163,8 @@ class ResultsStore:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
         if not isinstance(name, str) or not name:
             raise ValueError(f"self.log needs a non-empty string name, got {name!r}")
-        if add_dataloader_idx:
-            name += self.dataloader_suffix
+        suffix = self.dataloader_suffix if add_dataloader_idx else ""
+        name += suffix
         fx = normalize_reduce_fx(reduce_fx)
         on_step = self.step_context if on_step is None else bool(on_step)
         on_epoch = (not self.step_context) if on_epoch is None else bool(on_epoch)
@@ -173,7 +178,7 @@ class ResultsStore:
         entries = self._entries.setdefault(self.stage, {})
         entry = entries.get(name)
         if entry is None:
-            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric, epoch_end=self.epoch_end)
+            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric, epoch_end=self.epoch_end, suffix=suffix)
         elif entry.epoch_end != self.epoch_end:
             where = ("an epoch-end hook", "a step or batch hook") if entry.epoch_end else ("a step or batch hook", "an epoch-end hook")
             raise ValueError(
@@ -193,7 +198,7 @@ class ResultsStore:
             entry.accumulate(value, batch_size or (self._current_batch_size() if fx == "mean" else 1))
         if on_step and value is not None:
             entry.step_value, entry.step_dirty = value, True
-            key = f"{name}_step" if on_epoch else name
+            key = entry.forked(name, "step") if on_epoch else name
             self.callback_metrics[key] = value
             self.callback_metrics[name] = value
             if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
@@ -263,7 +268,7 @@ class ResultsStore:
         for name, entry in dirty.items():
             entry.step_dirty = False
             if entry.logger:
-                values[f"{name}_step" if entry.on_epoch else name] = reduced.get(name, entry.step_value)
+                values[entry.forked(name, "step") if entry.on_epoch else name] = reduced.get(name, entry.step_value)
         floats = self._to_floats(values)
         self.logged_metrics.update(floats)  # the synced values, where sync_dist asked for them
         return floats
@@ -305,10 +310,10 @@ class ResultsStore:
             if name not in values and entry.updates > 0 and entry.metric is None:
                 values[name] = entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
             entry.reset_epoch()
-        floats = self._to_floats({(f"{n}_epoch" if entries[n].on_step else n): v for n, v in values.items() if n in entries})
+        floats = self._to_floats({(entries[n].forked(n, "epoch") if entries[n].on_step else n): v for n, v in values.items() if n in entries})
         out: dict[str, float] = {}
         for name, entry in entries.items():
-            key = f"{name}_epoch" if entry.on_step else name
+            key = entry.forked(name, "epoch") if entry.on_step else name
             if key not in floats:
                 continue
             self.callback_metrics[key] = self.callback_metrics[name] = floats[key]
