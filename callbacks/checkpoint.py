@@ -1,9 +1,11 @@
-"""`ModelCheckpoint`: save checkpoints during `fit`, keep the best k, and point ``last.json`` at the newest.
+"""`ModelCheckpoint`: save checkpoints during `fit`, keep the best k, and (``save_last``) a ``last`` checkpoint.
 
 Every checkpoint is a complete directory written atomically by `trainer.fit.checkpointing.save_checkpoint`.
 The callback decides *when* to save (every n optimizer steps, every n epochs, after validation), *which*
 checkpoints to keep (the top ``save_top_k`` by a monitored metric, or the newest ones without a monitor),
-and keeps ``<dirpath>/last.json`` naming the newest checkpoint so ``fit(ckpt_path="last")`` finds it.
+and with ``save_last`` writes a ``last-...`` checkpoint of the newest state each time and keeps
+``<dirpath>/last.json`` naming it (what ``<dirpath>/last.ckpt`` resolves to). ``fit(ckpt_path="last")`` finds the
+newest checkpoint either way.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ class ModelCheckpoint(Callback):
             by recency, so ``save_top_k`` keeps the newest ones.
         mode: ``"min"`` or ``"max"``: whether a lower or higher `monitor` is better.
         save_top_k: how many checkpoints to keep; ``-1`` keeps all, ``0`` keeps none (only ``last``).
-        save_last: also keep a checkpoint of the newest state whenever one is due, and name it in
-            ``last.json`` (`last_model_path`), even when it does not make the top k.
+        save_last: ``True`` also writes a checkpoint of the newest state whenever one is due (``last-<name>``, its
+            own write, as Lightning's ``last.ckpt`` is), names it in ``last.json`` and in `last_model_path`, and
+            removes the previous one. ``"link"`` (Lightning's symlink) names the top-k checkpoint just written
+            instead of writing a copy (a separate ``last-<name>`` when none was). ``None``/``False``: no ``last``.
         every_n_train_steps: save every n optimizer steps (at the end of the batch that made the step).
         every_n_epochs: save every n epochs; default 1 when `every_n_train_steps` is not given, else off.
         save_on_train_epoch_end: save at the end of the training epoch (True) or after validation (False);
@@ -49,6 +53,7 @@ class ModelCheckpoint(Callback):
     """
 
     _runs_last = True
+    _monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
 
@@ -60,7 +65,7 @@ class ModelCheckpoint(Callback):
         monitor: str | None = None,
         mode: str = "min",
         save_top_k: int = 1,
-        save_last: bool | None = None,
+        save_last: bool | str | None = None,
         every_n_train_steps: int | None = None,
         every_n_epochs: int | None = None,
         save_on_train_epoch_end: bool | None = None,
@@ -68,6 +73,8 @@ class ModelCheckpoint(Callback):
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; use mode='min' or mode='max'")
+        if save_last not in (None, True, False, "link"):
+            raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not supported; use True, False, None or 'link'")
         if not isinstance(save_top_k, int) or save_top_k < -1:
             raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) must be an int >= -1 (-1 keeps all, 0 none)")
         for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
@@ -179,8 +186,9 @@ class ModelCheckpoint(Callback):
         for path in dict.fromkeys(p for p in (plan["topk"], plan["last"]) if p):
             save_checkpoint(trainer, path)
             written.append(Path(path))
-        if trainer.is_global_zero and written:
-            write_last_pointer(self.dirpath, written[-1])
+        if trainer.is_global_zero:
+            if plan["last"]:
+                write_last_pointer(self.dirpath, Path(plan["last"]))
             for path in plan["remove"]:
                 self._remove(Path(path))
 
@@ -191,13 +199,15 @@ class ModelCheckpoint(Callback):
         if score is not None and self._enters_top_k(score):
             topk = str(self._unique_path(name))
         last = ""
-        if self.save_last:
-            last = topk or str(self._unique_path(f"{self.CHECKPOINT_NAME_LAST}-{name}"))
+        if self.save_last == "link" and topk:
+            last = topk  # like Lightning's symlink: the pointer names the top-k checkpoint just written
+        elif self.save_last:
+            last = str(self._unique_path(f"{self.CHECKPOINT_NAME_LAST}-{name}"))  # its own write, as Lightning's last.ckpt
         remove = []
         if topk and self.save_top_k > 0 and len(self.best_k_models) >= self.save_top_k:
             remove.append(self.kth_best_model_path)
         previous_last = self.last_model_path
-        if previous_last and previous_last != last and (last or topk) and previous_last not in self.best_k_models:
+        if previous_last and last and previous_last != last and previous_last not in self.best_k_models:
             remove.append(previous_last)
         return {"topk": topk, "last": last, "score": score, "remove": [p for p in remove if p and p not in (topk, last)]}
 

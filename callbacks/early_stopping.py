@@ -36,6 +36,8 @@ class EarlyStopping(Callback):
         ValueError: on an invalid argument.
     """
 
+    _monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
+
     def __init__(
         self,
         monitor: str,

@@ -13,21 +13,24 @@ The loop, in pseudocode (``fit`` with validation)::
     for epoch in epochs:
         on_train_epoch_start
         for batch in train_loader:
+            # module/DataModule only, when overridden: on_before_batch_transfer, transfer_batch_to_device,
+            # on_after_batch_transfer (also for every evaluation batch)
             on_train_batch_start(batch, batch_idx)
             loss = module.training_step(batch, batch_idx)
+            if first batch of an accumulation window:
+                on_before_zero_grad(optimizer)
+                optimizer.zero_grad()
             on_before_backward(loss)
             backward(loss)
             on_after_backward
             if accumulation boundary:
                 on_before_optimizer_step(optimizer)  # gradients are unscaled here; clipping follows
                 optimizer.step()
-                on_before_zero_grad(optimizer)
-                optimizer.zero_grad()
             on_train_batch_end(outputs, batch, batch_idx)
             on_log_metrics(metrics, step)            # when something was logged for this step
             if validation is due:
                 <validation loop>
-        on_train_epoch_end
+        on_train_epoch_end                           # metric-monitoring callbacks after the module's hook
         on_log_metrics(metrics, step)                # epoch-level metrics
     on_train_end
     on_fit_end
@@ -44,13 +47,15 @@ The loop, in pseudocode (``fit`` with validation)::
         on_log_metrics(metrics, step)
         on_validation_end
 
-``test`` and ``predict`` follow the validation loop's shape with their own names.
+``test`` and ``predict`` follow the validation loop's shape with their own names. With several evaluation
+loaders the batch loop runs over each in turn and the batch events get ``dataloader_idx`` too.
 ``on_save_checkpoint(checkpoint)`` and ``on_load_checkpoint(checkpoint)`` fire when a checkpoint is
 written or restored; ``on_exception(exception)`` fires when the loop raises.
 
 Callbacks receive ``(trainer, module, *args)``; the module's own hooks receive ``(*args)``.
-The module's hook runs first, then the callbacks' in list order, and only objects that override a
-hook are called at all.
+As in Lightning, the callbacks' hooks run first, in list order, then the module's; at ``on_train_epoch_end``
+the callbacks that monitor a metric (``ModelCheckpoint``, ``EarlyStopping``) run after the module's hook.
+Only objects that override a hook are called at all.
 """
 
 from __future__ import annotations

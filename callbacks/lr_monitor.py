@@ -31,7 +31,8 @@ class LearningRateMonitor(Callback):
     with several parameter groups logs ``lr-Adam/pg1``, ``lr-Adam/pg2``, ... (1-based). Momentum is
     logged as ``momentum-<...>`` from ``momentum`` (SGD) or ``betas[0]`` (Adam family).
 
-    The values go through ``trainer.log_metrics`` to every tracker, at the current ``global_step``.
+    The values go through ``trainer.log_metrics`` to every tracker at ``trainer.logging_step`` (the step of the
+    ``self.log`` values of the same batch), without an ``epoch`` value, as Lightning's monitor writes them.
 
     Args:
         logging_interval: ``"step"`` logs at the start of every ``log_every_n_steps``-th optimizer step,
@@ -119,10 +120,10 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
         if "step" not in self._intervals:
             return
-        step = int(trainer.global_step)
+        step = int(trainer.logging_step)
         every = max(int(getattr(trainer, "log_every_n_steps", 1) or 1), 1)
         # Several batches share one optimizer step under gradient accumulation: log each step once.
-        if step == self._last_step_logged or step % every:
+        if step == self._last_step_logged or (step + 1) % every:
             return
         self._last_step_logged = step
         values = self.learning_rates(trainer, "step")
@@ -132,7 +133,7 @@ class LearningRateMonitor(Callback):
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         values = self.learning_rates(trainer, "epoch")
         if values:
-            trainer.log_metrics(values, int(trainer.global_step))
+            trainer.log_metrics(values, int(trainer.logging_step))
 
 
 def _config_for(index: int, optimizer: Any, configs: list[Any]) -> Any:

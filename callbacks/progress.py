@@ -235,7 +235,9 @@ class ProgressBar(Callback):
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "validation")
 
-    def on_validation_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
+    ) -> None:
         self._eval_batch_end()
 
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -244,7 +246,9 @@ class ProgressBar(Callback):
     def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "test")
 
-    def on_test_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_test_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
+    ) -> None:
         self._eval_batch_end()
 
     def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
@@ -253,7 +257,9 @@ class ProgressBar(Callback):
     def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._eval_start(trainer, "predict")
 
-    def on_predict_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_predict_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
+    ) -> None:
         self._eval_batch_end()
 
     def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:

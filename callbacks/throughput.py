@@ -94,7 +94,7 @@ class ThroughputMonitor(Callback):
             metrics = self.compute(int(getattr(trainer, "world_size", 1)))
             if metrics:
                 self.last_metrics = metrics
-                trainer.log_metrics(metrics, int(trainer.global_step))
+                trainer.log_metrics(metrics, int(trainer.logging_step))
 
     def compute(self, world_size: int = 1) -> dict[str, float]:
         """The rates over the current window, or an empty dict with fewer than two points."""

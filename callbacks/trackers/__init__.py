@@ -11,7 +11,7 @@ from callbacks.trackers.clearml import ClearMLTracker
 from callbacks.trackers.comet import CometMLTracker
 from callbacks.trackers.csv_tracker import CSVTracker
 from callbacks.trackers.dvclive import DVCLiveTracker
-from callbacks.trackers.lightning_loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from callbacks.trackers.lightning_loggers import CometLogger, CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from callbacks.trackers.mlflow import MLflowTracker
 from callbacks.trackers.registry import (
     LoggerType,
@@ -48,6 +48,7 @@ __all__ = [
     "CSVLogger",
     "CSVTracker",
     "ClearMLTracker",
+    "CometLogger",
     "CometMLTracker",
     "DVCLiveTracker",
     "GeneralTracker",

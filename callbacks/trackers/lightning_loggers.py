@@ -3,7 +3,8 @@
 ``from lightning.pytorch.loggers import CSVLogger`` becomes ``from callbacks.trackers import CSVLogger``, and
 ``Trainer(logger=CSVLogger("logs", name="exp"))`` writes where Lightning writes: ``logs/exp/version_0/metrics.csv``
 (and ``hparams.yaml``); ``TensorBoardLogger`` writes its event files to ``<save_dir>/<name>/version_<n>``;
-``WandbLogger`` and ``MLFlowLogger`` take Lightning's arguments and run our W&B and MLflow trackers.
+``WandbLogger``, ``MLFlowLogger`` and ``CometLogger`` take Lightning's arguments and run our W&B, MLflow and Comet
+trackers.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from callbacks.trackers.base import on_main_process, require_package
+from callbacks.trackers.comet import CometMLTracker
 from callbacks.trackers.csv_tracker import CSVTracker, _new_version_dir
 from callbacks.trackers.mlflow import MLflowTracker
 from callbacks.trackers.tensorboard import TensorBoardTracker
@@ -178,3 +181,77 @@ class MLFlowLogger(MLflowTracker):
     @property
     def run_id(self) -> str | None:
         return None if self.tracker is None else self._run_id
+
+
+_COMET_MODES = (None, "get_or_create", "get", "create")
+# Lightning's CometLogger before 2.5 took these names; 2.5 still accepts them (with a deprecation warning)
+_COMET_OLD_NAMES = {"experiment_name": "name", "project_name": "project", "save_dir": "offline_directory", "offline": "online"}
+
+
+class CometLogger(CometMLTracker):
+    """Lightning's (2.5+) ``CometLogger(*, api_key=None, workspace=None, project=None, experiment_key=None, mode=None,
+    online=None, prefix=None, **kwargs)``, backed by our Comet tracker.
+
+    The arguments go to ``comet_ml.start``; `kwargs` go to ``comet_ml.ExperimentConfig`` (``name``,
+    ``offline_directory``, ``tags``, ``log_code``, ...; ``log_code`` is off unless given: it would upload this module,
+    not your script). ``online=False`` writes an offline archive (to ``offline_directory``) for a later
+    ``comet upload``. Metrics go to Comet with their ``epoch`` as Comet's epoch and `prefix` joined by Comet (``_``),
+    as Lightning's logger does. Lightning's older names are accepted: ``experiment_name`` (``name``), ``project_name``
+    (``project``), ``save_dir`` (``offline_directory``) and ``offline`` (``online=not offline``).
+
+    Raises:
+        ValueError: `mode` is not one of Comet's, or an old name is given together with its new one.
+    """
+
+    def __init__(
+        self, *, api_key: str | None = None, workspace: str | None = None, project: str | None = None,
+        experiment_key: str | None = None, mode: str | None = None, online: bool | None = None, prefix: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if mode not in _COMET_MODES:
+            raise ValueError(f"CometLogger(mode={mode!r}) is not a Comet mode; use 'get_or_create', 'get', 'create' or None")
+        for old, new in _COMET_OLD_NAMES.items():
+            if old not in kwargs:
+                continue
+            given_new = {"project": project, "online": online}.get(new, kwargs.get(new))
+            if given_new is not None:
+                raise ValueError(f"CometLogger got both {old}= and {new}=; pass only {new}= (Lightning's current name)")
+            value = kwargs.pop(old)
+            if new == "project":
+                project = value
+            elif new == "online":
+                online = not value
+            else:
+                kwargs[new] = value
+        start: dict[str, Any] = {"api_key": api_key, "workspace": workspace, "experiment_key": experiment_key, "mode": mode, "online": online}
+        super().__init__(project, None, **{k: v for k, v in start.items() if v is not None})
+        self.prefix, self._project, self._config_kwargs = prefix, project, {"log_code": False, **kwargs}
+
+    @on_main_process
+    def start(self) -> None:
+        os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
+        os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
+        comet_ml = require_package("comet_ml", "comet_ml", self.name)
+        config = comet_ml.ExperimentConfig(**self._config_kwargs)
+        self._run = comet_ml.start(project=self._project, experiment_config=config, **self.init_kwargs)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        values = dict(values)
+        epoch = values.pop("epoch", None)
+        super().log(values, step=step, epoch=epoch, prefix=self.prefix, **kwargs)
+
+    @property
+    def experiment(self) -> Any:
+        """Lightning's ``logger.experiment``: the Comet experiment."""
+        return self.tracker
+
+    @property
+    def version(self) -> str | None:
+        """The experiment key, once the experiment started."""
+        return None if self.tracker is None else str(self.tracker.get_key())
+
+    @property
+    def save_dir(self) -> str | None:
+        """Where an offline experiment's archive goes (``offline_directory``)."""
+        directory = self._config_kwargs.get("offline_directory")
+        return None if directory is None else os.fspath(directory)

@@ -32,7 +32,7 @@ def _fit_on_each_rank(root: str, max_steps: int, ckpt_path: str | None, every: i
 def test_ddp_resume_is_bit_exact(tmp_path: Path) -> None:
     straight = run_distributed(_fit_on_each_rank, str(tmp_path / "straight"), TOTAL_STEPS, None, None, 1)
     first = run_distributed(_fit_on_each_rank, str(tmp_path / "run"), 4, None, 4, 1)
-    assert first[0]["checkpoints"] == ["epoch=1-step=4", "last.json"]
+    assert first[0]["checkpoints"] == ["epoch=1-step=4"]  # no save_last: no last pointer; "last" finds the newest
     ckpt = tmp_path / "run" / "ckpts" / "epoch=1-step=4"
     assert {"random_states_0.safetensors", "random_states_1.safetensors"} <= {p.name for p in ckpt.iterdir()}
     resumed = run_distributed(_fit_on_each_rank, str(tmp_path / "run"), TOTAL_STEPS, "last", 4, 99)
@@ -63,4 +63,4 @@ def test_ddp_top_k_and_early_stopping_agree_across_ranks(tmp_path: Path) -> None
     assert results[0] == results[1]
     assert results[0]["best_k"] == ["epoch=1-val_loss=3.0", "epoch=2-val_loss=4.0"]
     assert results[0]["stopped_epoch"] == 2  # 4.0 did not improve on 3.0, patience 1
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch=1-val_loss=3.0", "epoch=2-val_loss=4.0", "last.json"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch=1-val_loss=3.0", "epoch=2-val_loss=4.0"]

@@ -126,8 +126,8 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int, kill_in_val_a
         def __init__(self) -> None:
             self.first: int | None = None
 
-        def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: Any) -> None:
-            self.first = trainer.global_step if self.first is None else self.first
+        def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.first = trainer.global_step + 1 if self.first is None else self.first  # the number of the step it takes
 
     if kill_in_save_at_step:
         commit = CheckpointWriter.commit

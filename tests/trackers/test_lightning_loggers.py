@@ -40,12 +40,28 @@ def test_csv_logger_writes_lightnings_layout(tmp_path: Path) -> None:
     run = tmp_path / "logs" / "exp" / "version_0"
     assert first.log_dir == str(run) and (run / "hparams.yaml").read_text().strip() == "lr: 0.1"
     rows = list(csv.DictReader((run / "metrics.csv").read_text().splitlines()))
-    assert len(rows) == 8 and rows[0]["step"] == "1" and float(rows[0]["train_loss"]) > 0
+    assert len(rows) == 8 and float(rows[0]["train_loss"]) > 0
+    # Lightning's rows: the step before each optimizer step (from 0), and the epoch with every self.log value
+    assert [(row["step"], row["epoch"]) for row in rows] == [(str(i), str(i // 4)) for i in range(8)]
     _fit(tmp_path, CSVLogger(tmp_path / "logs", name="exp"))
     assert (tmp_path / "logs" / "exp" / "version_1" / "metrics.csv").is_file()
     _fit(tmp_path, CSVLogger(tmp_path / "logs", name="exp", version="fixed", prefix="p"))
     fixed = list(csv.DictReader((tmp_path / "logs" / "exp" / "fixed" / "metrics.csv").read_text().splitlines()))
     assert "p-train_loss" in fixed[0]
+
+
+def test_csv_rows_of_a_learning_rate_monitor_have_no_epoch(tmp_path: Path) -> None:
+    from callbacks.lr_monitor import LearningRateMonitor
+
+    logger = CSVLogger(tmp_path / "logs", name="exp")
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    Trainer(project_dir=tmp_path / "project", logger=logger, max_epochs=1, log_every_n_steps=1, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False, callbacks=[LearningRateMonitor()]).fit(Net(), loader)
+    rows = list(csv.DictReader((Path(logger.log_dir) / "metrics.csv").read_text().splitlines()))
+    # as Lightning's CSVLogger writes them: the monitor passes its step itself, so its rows carry no epoch
+    assert [(row["step"], row["epoch"], bool(row["lr-SGD"]), bool(row["train_loss"])) for row in rows] == [
+        ("0", "", True, False), ("0", "0", False, True), ("1", "", True, False), ("1", "0", False, True),
+    ]
 
 
 def test_tensorboard_logger_writes_lightnings_layout(tmp_path: Path) -> None:
@@ -100,3 +116,33 @@ def test_mlflow_logger_takes_lightnings_arguments(tmp_path: Path, offline_env: P
     assert len(client.get_metric_history(run.info.run_id, "train_loss")) == 8
     with pytest.raises(ValueError, match=r"MLFlowLogger does not support \['asynchronous'\]"):
         MLFlowLogger(synchronous=False)
+
+
+def test_comet_logger_takes_lightnings_arguments_offline(tmp_path: Path, offline_env: Path) -> None:
+    pytest.importorskip("comet_ml")
+    import json
+    import zipfile
+
+    from callbacks.trackers import CometLogger
+
+    logger = CometLogger(project="proj", online=False, prefix="p", name="first-run", offline_directory=str(tmp_path / "comet"))
+    _fit(tmp_path, logger)
+    (archive,) = (tmp_path / "comet").glob("*.zip")
+    with zipfile.ZipFile(archive) as handle:
+        experiment = json.loads(handle.read("experiment.json"))
+        messages = [json.loads(line) for line in handle.read("messages.json").splitlines() if line.strip()]
+    assert experiment["project_name"] == "proj"
+    params = {m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"] for m in messages if m["type"] == "parameter_msg"}
+    assert params["lr"] in (0.1, "0.1")
+    metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
+    losses = [(metric["step"], metric["epoch"]) for metric in metrics if metric["metricName"] == "p_train_loss"]
+    assert losses == [(i, i // 4) for i in range(8)]  # Lightning's steps, the epoch as Comet's epoch, not a metric
+    assert not [metric for metric in metrics if metric["metricName"] in ("epoch", "p_epoch")]
+    others = {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
+    assert others["Name"] == "first-run"  # name= went to comet_ml.ExperimentConfig, as in Lightning
+    with pytest.raises(ValueError, match="mode='sometimes'"):
+        CometLogger(mode="sometimes")
+    with pytest.raises(ValueError, match="both offline= and online="):
+        CometLogger(offline=True, online=False)
+    old = CometLogger(project_name="old", experiment_name="n", save_dir="dir", offline=True)
+    assert (old._project, old.init_kwargs["online"], old.save_dir, old._config_kwargs["name"]) == ("old", False, "dir", "n")

@@ -119,13 +119,24 @@ def test_top_k_by_monitor(tmp_path: Path, mode: str, kept: list[str], best: tupl
     assert saved_names(tmp_path / "ck") == kept
     assert (Path(cb.best_model_path).name, cb.best_model_score) == best
     assert sorted(Path(p).name for p in cb.best_k_models) == kept
-    pointer = json.loads((tmp_path / "ck" / "last.json").read_text())["last"]
-    assert pointer == (kept[-1] if mode == "min" else "epoch=2-val_loss=4.0")
+    assert not (tmp_path / "ck" / "last.json").exists() and cb.last_model_path == ""  # no save_last: no last, as Lightning
+
+
+class CountsSaves(ScriptedNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[int] = []
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.saved.append(int(checkpoint["global_step"]))
 
 
 def test_save_last_keeps_the_newest_state(tmp_path: Path) -> None:
     cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
-    trainer = fit(tmp_path, [cb])
+    module = CountsSaves()
+    trainer = fit(tmp_path, [cb], module=module)
+    # Lightning's count: last.ckpt is its own save at every epoch (5), plus each new best (5.0, 3.0, 1.0: 3)
+    assert module.saved == [2, 2, 4, 4, 6, 8, 8, 10]
     assert saved_names(tmp_path / "ck") == ["epoch=3-step=8", "last-epoch=4-step=10"]
     assert Path(cb.last_model_path).name == "last-epoch=4-step=10"
     assert json.loads((tmp_path / "ck" / "last.json").read_text())["last"] == "last-epoch=4-step=10"
@@ -133,6 +144,28 @@ def test_save_last_keeps_the_newest_state(tmp_path: Path) -> None:
 
     assert resolve_ckpt_path(trainer, "last") == Path(cb.last_model_path)
     assert resolve_ckpt_path(trainer, "best") == Path(cb.best_model_path)
+    assert resolve_ckpt_path(trainer, str(tmp_path / "ck" / "last.ckpt")) == Path(cb.last_model_path)
+
+
+def test_save_last_is_never_a_top_k_checkpoint(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
+    fit(tmp_path, [cb], max_epochs=1)  # the first save enters the top k and is the newest state too
+    assert saved_names(tmp_path / "ck") == ["epoch=0-step=2", "last-epoch=0-step=2"]
+    assert Path(cb.last_model_path).name == "last-epoch=0-step=2" and Path(cb.best_model_path).name == "epoch=0-step=2"
+
+
+def test_save_last_link_names_the_top_k_checkpoint(tmp_path: Path) -> None:
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last="link")
+    fit(tmp_path, [cb], max_epochs=3)  # val_loss 5, 3, 4: epoch 2 is no new best, so it is written as last
+    assert saved_names(tmp_path / "ck") == ["epoch=1-step=4", "last-epoch=2-step=6"]
+    assert Path(cb.last_model_path).name == "last-epoch=2-step=6"
+    cb = ModelCheckpoint(dirpath=tmp_path / "ck2", monitor="val_loss", save_top_k=1, save_last="link")
+    fit(tmp_path, [cb], max_epochs=2)  # 5, 3: each a new best, no copy
+    assert saved_names(tmp_path / "ck2") == ["epoch=1-step=4"]
+    assert cb.last_model_path == cb.best_model_path
+    assert json.loads((tmp_path / "ck2" / "last.json").read_text())["last"] == "epoch=1-step=4"
+    with pytest.raises(ValueError, match="save_last='always'"):
+        ModelCheckpoint(save_last="always")
 
 
 def test_without_monitor_keeps_the_newest(tmp_path: Path) -> None:

@@ -58,14 +58,17 @@ class ResumeNet(TrainModule):
 
 
 class LossRecorder(Callback):
-    """Keeps what the Trainer sends to the trackers: step → logged train loss."""
+    """Keeps what the Trainer sends to the trackers: step → logged train loss (and validation loss)."""
 
     def __init__(self) -> None:
         self.logged: dict[int, float] = {}
+        self.validation: dict[int, float] = {}
 
     def on_log_metrics(self, trainer: Any, module: Any, metrics: dict[str, float], step: int) -> None:
         if "train_loss" in metrics:
             self.logged[step] = float(metrics["train_loss"])
+        if "val_loss" in metrics:
+            self.validation[step] = float(metrics["val_loss"])
 
 
 def make_loader(size: int = DATASET_SIZE) -> DataLoader:
@@ -128,7 +131,7 @@ def test_resume_is_bit_exact(tmp_path: Path, straight_run: Any, stop_step: int) 
     assert {**first.losses, **resumed.losses} == straight.losses
     assert not set(first.losses) & set(resumed.losses), "batches were replayed after resume"
     assert {**first_log.logged, **resumed_log.logged} == straight_log.logged
-    assert sorted(straight_log.logged) == list(range(1, TOTAL_STEPS + 1))
+    assert sorted(straight_log.logged) == list(range(TOTAL_STEPS))  # Lightning's tracker steps, from 0
     lr = trainer.optimizers[0].param_groups[0]["lr"]
     assert lr == straight_trainer.optimizers[0].param_groups[0]["lr"]
 
@@ -142,13 +145,16 @@ def test_resume_is_bit_exact(tmp_path: Path, straight_run: Any, stop_step: int) 
 def test_resume_with_validation_is_bit_exact(tmp_path: Path, validate_every: int, stop_step: int) -> None:
     # A checkpoint written at a batch's end comes before the validation due after that batch; the resumed run
     # must run that validation (its loader draws from the RNG), else every later batch sees other random numbers.
-    straight, _, _ = run_fit(tmp_path / "straight", TOTAL_STEPS, validate_every=validate_every)
+    straight, _, straight_log = run_fit(tmp_path / "straight", TOTAL_STEPS, validate_every=validate_every)
     first, _, _ = run_fit(tmp_path, stop_step, every_n_train_steps=stop_step, validate_every=validate_every)
-    resumed, trainer, _ = run_fit(tmp_path, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=stop_step, init_seed=99,
-                                  validate_every=validate_every)
+    resumed, trainer, resumed_log = run_fit(tmp_path, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=stop_step, init_seed=99,
+                                            validate_every=validate_every)
     assert trainer.global_step == TOTAL_STEPS
     assert_same_weights(straight, resumed)
     assert {**first.losses, **resumed.losses} == straight.losses
+    # the pending validation is logged at the step of the batch it followed, as in the uninterrupted run
+    assert resumed_log.validation == {s: v for s, v in straight_log.validation.items() if s >= min(resumed_log.validation)}
+    assert resumed_log.logged == {s: v for s, v in straight_log.logged.items() if s >= min(resumed_log.logged)}
 
 
 def test_checkpoint_directory_layout(tmp_path: Path) -> None:
@@ -167,7 +173,7 @@ def test_checkpoint_directory_layout(tmp_path: Path) -> None:
     assert extra["loops"]["fit_loop"]["batches_done_in_epoch"] == 6
     assert extra["hyper_parameters"] == {"hidden": 16, "lr": 0.05}
     assert json.loads((ckpt / "hparams.json").read_text()) == {"hidden": 16, "lr": 0.05}
-    assert json.loads((tmp_path / "ckpts" / "last.json").read_text())["last"] == "epoch=0-step=3"
+    assert not (tmp_path / "ckpts" / "last.json").exists()  # no save_last: no last pointer, as in Lightning
     loaded = ResumeNet.load_from_checkpoint(ckpt)
     assert_same_weights(loaded, module)
 

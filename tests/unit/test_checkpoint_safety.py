@@ -88,7 +88,7 @@ def test_added_removed_and_corrupted_files_are_refused(saved: Path) -> None:
 
 def test_last_ignores_incomplete_and_hidden_directories(tmp_path: Path, saved: Path) -> None:
     root = saved.parent
-    (root / "last.json").unlink()
+    assert not (root / "last.json").exists()  # written by ModelCheckpoint(save_last=...) only
     newer = root / "epoch=9-step=99"  # a directory without manifest: an interrupted copy
     shutil.copytree(saved, newer)
     (newer / "manifest.json").unlink()

@@ -31,6 +31,21 @@ def _recording_callback_hook(name: str) -> Any:
     return hook
 
 
+class RecordingSGD(torch.optim.SGD):
+    def __init__(self, params: Any, calls: list[str]) -> None:
+        super().__init__(params, lr=0.1)
+        self.calls = calls
+
+    def step(self, closure: Any = None) -> Any:
+        out = super().step(closure)  # recorded once the parameters were updated (a closure runs inside)
+        self.calls.append("optimizer.step")
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.calls.append("optimizer.zero_grad")
+        super().zero_grad(set_to_none)
+
+
 class RecordingModule(TrainModule):
     def __init__(self, calls: list[str]) -> None:
         super().__init__()
@@ -52,7 +67,11 @@ class RecordingModule(TrainModule):
 
     def configure_optimizers(self) -> Any:
         self.calls.append("module.configure_optimizers")
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        return RecordingSGD(self.parameters(), self.calls)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.calls.append("module.zero_grad")
+        super().zero_grad(set_to_none)
 
 
 class RecordingCallback(Callback):
@@ -64,85 +83,114 @@ class LastCallback(RecordingCallback):
     _runs_last = True
 
 
+class MonitoringCallback(RecordingCallback):
+    """Stands for ModelCheckpoint / EarlyStopping: a callback that decides on a logged metric."""
+
+    _monitors_metrics = True
+
+
 for _event in MODULE_HOOKS:
     setattr(RecordingModule, _event, _recording_module_hook(_event))
 for _event in ALL_EVENTS:
     setattr(RecordingCallback, _event, _recording_callback_hook(_event))
 
-BATCH = ["on_train_batch_start", "training_step", "on_before_backward", "on_after_backward",
-         "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end"]
-
 
 def _both(*events: str) -> list[str]:
+    """Lightning's order for one event: the callback's hook, then the module's (steps: the module only)."""
     out = []
     for e in events:
-        out += [f"module.{e}"] if e.endswith("_step") or e == "configure_optimizers" else [f"module.{e}", f"cb.{e}"]
+        out += [f"module.{e}"] if e.endswith("_step") or e == "configure_optimizers" else [f"cb.{e}", f"module.{e}"]
     return out
 
 
-def _val_loop(batches: int) -> list[str]:
-    out = _both("on_validation_start", "on_validation_epoch_start")
-    for _ in range(batches):
-        out += _both("on_validation_batch_start", "validation_step", "on_validation_batch_end")
-    return out + _both("on_validation_epoch_end")
-
-
+# Lightning 2.x's order (tests/tests_pytorch/models/test_hooks.py, test_trainer_model_hook_system_fit): callbacks
+# before the module, except at the training epoch's end, where the metric-monitoring callbacks (ModelCheckpoint,
+# EarlyStopping; here "mon", first in the list) run after the module; optimizer.zero_grad after training_step,
+# before backward.
+# Our module also has on_sanity_check_start/end (Lightning's has them on callbacks only).
 EXPECTED_FIT = [
-    "module.setup", "cb.setup",
+    "mon.setup", "cb.setup", "module.setup",
     "module.configure_optimizers",
-    "module.on_fit_start", "cb.on_fit_start",
-    "module.on_sanity_check_start", "cb.on_sanity_check_start",
-    "module.on_validation_start", "cb.on_validation_start",
-    "module.on_validation_epoch_start", "cb.on_validation_epoch_start",
-    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
-    "module.on_validation_batch_end", "cb.on_validation_batch_end",
-    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
-    "module.on_validation_batch_end", "cb.on_validation_batch_end",
-    "module.on_validation_epoch_end", "cb.on_validation_epoch_end",
-    "module.on_validation_end", "cb.on_validation_end",
-    "module.on_sanity_check_end", "cb.on_sanity_check_end",
-    "module.on_train_start", "cb.on_train_start",
+    "mon.on_fit_start", "cb.on_fit_start", "module.on_fit_start",
+    "module.zero_grad",
+    "mon.on_sanity_check_start", "cb.on_sanity_check_start", "module.on_sanity_check_start",
+    "mon.on_validation_start", "cb.on_validation_start", "module.on_validation_start",
+    "mon.on_validation_epoch_start", "cb.on_validation_epoch_start", "module.on_validation_epoch_start",
+    "mon.on_validation_batch_start", "cb.on_validation_batch_start", "module.on_validation_batch_start",
+    "module.validation_step",
+    "mon.on_validation_batch_end", "cb.on_validation_batch_end", "module.on_validation_batch_end",
+    "mon.on_validation_batch_start", "cb.on_validation_batch_start", "module.on_validation_batch_start",
+    "module.validation_step",
+    "mon.on_validation_batch_end", "cb.on_validation_batch_end", "module.on_validation_batch_end",
+    "mon.on_validation_epoch_end", "cb.on_validation_epoch_end", "module.on_validation_epoch_end",
+    "mon.on_validation_end", "cb.on_validation_end", "module.on_validation_end",
+    "mon.on_sanity_check_end", "cb.on_sanity_check_end", "module.on_sanity_check_end",
+    "mon.on_train_start", "cb.on_train_start", "module.on_train_start",
     # epoch 0
-    "module.on_train_epoch_start", "cb.on_train_epoch_start",
-    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
-    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
-    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
-    "module.on_train_batch_end", "cb.on_train_batch_end",
-    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
-    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
-    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
-    "module.on_train_batch_end", "cb.on_train_batch_end",
-    "module.on_validation_start", "cb.on_validation_start",
-    "module.on_validation_epoch_start", "cb.on_validation_epoch_start",
-    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
-    "module.on_validation_batch_end", "cb.on_validation_batch_end",
-    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
-    "module.on_validation_batch_end", "cb.on_validation_batch_end",
-    "module.on_validation_epoch_end", "cb.on_validation_epoch_end", "cb.on_log_metrics",
-    "module.on_validation_end", "cb.on_validation_end",
-    "module.on_train_epoch_end", "cb.on_train_epoch_end", "cb.on_log_metrics",
+    "mon.on_train_epoch_start", "cb.on_train_epoch_start", "module.on_train_epoch_start",
+    "mon.on_train_batch_start", "cb.on_train_batch_start", "module.on_train_batch_start",
+    "module.training_step",
+    "mon.on_before_zero_grad", "cb.on_before_zero_grad", "module.on_before_zero_grad", "optimizer.zero_grad",
+    "mon.on_before_backward", "cb.on_before_backward", "module.on_before_backward",
+    "mon.on_after_backward", "cb.on_after_backward", "module.on_after_backward",
+    "mon.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_optimizer_step",
+    "optimizer.step",
+    "mon.on_train_batch_end", "cb.on_train_batch_end", "module.on_train_batch_end",
+    "mon.on_train_batch_start", "cb.on_train_batch_start", "module.on_train_batch_start",
+    "module.training_step",
+    "mon.on_before_zero_grad", "cb.on_before_zero_grad", "module.on_before_zero_grad", "optimizer.zero_grad",
+    "mon.on_before_backward", "cb.on_before_backward", "module.on_before_backward",
+    "mon.on_after_backward", "cb.on_after_backward", "module.on_after_backward",
+    "mon.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_optimizer_step",
+    "optimizer.step",
+    "mon.on_train_batch_end", "cb.on_train_batch_end", "module.on_train_batch_end",
+    "mon.on_validation_start", "cb.on_validation_start", "module.on_validation_start",
+    "mon.on_validation_epoch_start", "cb.on_validation_epoch_start", "module.on_validation_epoch_start",
+    "mon.on_validation_batch_start", "cb.on_validation_batch_start", "module.on_validation_batch_start",
+    "module.validation_step",
+    "mon.on_validation_batch_end", "cb.on_validation_batch_end", "module.on_validation_batch_end",
+    "mon.on_validation_batch_start", "cb.on_validation_batch_start", "module.on_validation_batch_start",
+    "module.validation_step",
+    "mon.on_validation_batch_end", "cb.on_validation_batch_end", "module.on_validation_batch_end",
+    "mon.on_validation_epoch_end", "cb.on_validation_epoch_end", "module.on_validation_epoch_end",
+    "mon.on_log_metrics", "cb.on_log_metrics",
+    "mon.on_validation_end", "cb.on_validation_end", "module.on_validation_end",
+    "cb.on_train_epoch_end", "module.on_train_epoch_end", "mon.on_train_epoch_end",
+    "mon.on_log_metrics", "cb.on_log_metrics",
     # epoch 1
-    "module.on_train_epoch_start", "cb.on_train_epoch_start",
-    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
-    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
-    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
-    "module.on_train_batch_end", "cb.on_train_batch_end",
-    "module.on_train_batch_start", "cb.on_train_batch_start", "module.training_step",
-    "module.on_before_backward", "cb.on_before_backward", "module.on_after_backward", "cb.on_after_backward",
-    "module.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_zero_grad", "cb.on_before_zero_grad",
-    "module.on_train_batch_end", "cb.on_train_batch_end",
-    "module.on_validation_start", "cb.on_validation_start",
-    "module.on_validation_epoch_start", "cb.on_validation_epoch_start",
-    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
-    "module.on_validation_batch_end", "cb.on_validation_batch_end",
-    "module.on_validation_batch_start", "cb.on_validation_batch_start", "module.validation_step",
-    "module.on_validation_batch_end", "cb.on_validation_batch_end",
-    "module.on_validation_epoch_end", "cb.on_validation_epoch_end", "cb.on_log_metrics",
-    "module.on_validation_end", "cb.on_validation_end",
-    "module.on_train_epoch_end", "cb.on_train_epoch_end", "cb.on_log_metrics",
-    "module.on_train_end", "cb.on_train_end",
-    "module.on_fit_end", "cb.on_fit_end",
-    "module.teardown", "cb.teardown",
+    "mon.on_train_epoch_start", "cb.on_train_epoch_start", "module.on_train_epoch_start",
+    "mon.on_train_batch_start", "cb.on_train_batch_start", "module.on_train_batch_start",
+    "module.training_step",
+    "mon.on_before_zero_grad", "cb.on_before_zero_grad", "module.on_before_zero_grad", "optimizer.zero_grad",
+    "mon.on_before_backward", "cb.on_before_backward", "module.on_before_backward",
+    "mon.on_after_backward", "cb.on_after_backward", "module.on_after_backward",
+    "mon.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_optimizer_step",
+    "optimizer.step",
+    "mon.on_train_batch_end", "cb.on_train_batch_end", "module.on_train_batch_end",
+    "mon.on_train_batch_start", "cb.on_train_batch_start", "module.on_train_batch_start",
+    "module.training_step",
+    "mon.on_before_zero_grad", "cb.on_before_zero_grad", "module.on_before_zero_grad", "optimizer.zero_grad",
+    "mon.on_before_backward", "cb.on_before_backward", "module.on_before_backward",
+    "mon.on_after_backward", "cb.on_after_backward", "module.on_after_backward",
+    "mon.on_before_optimizer_step", "cb.on_before_optimizer_step", "module.on_before_optimizer_step",
+    "optimizer.step",
+    "mon.on_train_batch_end", "cb.on_train_batch_end", "module.on_train_batch_end",
+    "mon.on_validation_start", "cb.on_validation_start", "module.on_validation_start",
+    "mon.on_validation_epoch_start", "cb.on_validation_epoch_start", "module.on_validation_epoch_start",
+    "mon.on_validation_batch_start", "cb.on_validation_batch_start", "module.on_validation_batch_start",
+    "module.validation_step",
+    "mon.on_validation_batch_end", "cb.on_validation_batch_end", "module.on_validation_batch_end",
+    "mon.on_validation_batch_start", "cb.on_validation_batch_start", "module.on_validation_batch_start",
+    "module.validation_step",
+    "mon.on_validation_batch_end", "cb.on_validation_batch_end", "module.on_validation_batch_end",
+    "mon.on_validation_epoch_end", "cb.on_validation_epoch_end", "module.on_validation_epoch_end",
+    "mon.on_log_metrics", "cb.on_log_metrics",
+    "mon.on_validation_end", "cb.on_validation_end", "module.on_validation_end",
+    "cb.on_train_epoch_end", "module.on_train_epoch_end", "mon.on_train_epoch_end",
+    "mon.on_log_metrics", "cb.on_log_metrics",
+    "mon.on_train_end", "cb.on_train_end", "module.on_train_end",
+    "mon.on_fit_end", "cb.on_fit_end", "module.on_fit_end",
+    "mon.teardown", "cb.teardown", "module.teardown",
 ]
 
 
@@ -158,7 +206,8 @@ def _trainer(tmp_path: Any, **kwargs: Any) -> Trainer:
 
 def test_fit_hook_order_matches_the_literal_list(tmp_path: Any) -> None:
     calls: list[str] = []
-    trainer = _trainer(tmp_path, max_epochs=2, callbacks=[RecordingCallback(calls)])
+    trainer = _trainer(tmp_path, max_epochs=2, callbacks=[MonitoringCallback(calls, "mon"), RecordingCallback(calls)])
+    assert [type(cb) for cb in trainer.callbacks] == [MonitoringCallback, RecordingCallback]
     trainer.fit(RecordingModule(calls), _loader(), _loader())
     assert calls == EXPECTED_FIT
     assert trainer.global_step == 4 and trainer.current_epoch == 2
@@ -184,7 +233,7 @@ def test_runs_last_callbacks_come_after_the_others(tmp_path: Any) -> None:
     assert trainer.callbacks == [first, last]
     trainer.fit(RecordingModule(calls), _loader(2, 2))
     end = [c for c in calls if c.endswith("on_train_epoch_end")]
-    assert end == ["module.on_train_epoch_end", "first.on_train_epoch_end", "last.on_train_epoch_end"]
+    assert end == ["first.on_train_epoch_end", "last.on_train_epoch_end", "module.on_train_epoch_end"]
 
 
 class OnlyEpochEnd(Callback):
@@ -230,3 +279,96 @@ def test_callback_exception_gets_a_note_and_on_exception_fires(tmp_path: Any) ->
     assert "raised in callback Broken.on_train_start" in getattr(info.value, "__notes__", [])
     assert watcher.exceptions == [info.value]
     assert watcher.torn_down
+
+
+class LogsAtEpochEnd(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self.log("from_epoch_end", 7.0)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Sees(Callback):
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        self.seen.append(sorted(trainer.callback_metrics))
+
+
+class SeesAfterTheModule(Sees):
+    _monitors_metrics = True
+
+
+def test_epoch_end_callbacks_see_the_epoch_values_and_monitors_see_what_the_module_logged(tmp_path: Any) -> None:
+    before, after = Sees(), SeesAfterTheModule()
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[after, before])
+    trainer.fit(LogsAtEpochEnd(), _loader())
+    assert before.seen == [["loss"]]  # the epoch value of what training_step logged, as in Lightning
+    assert after.seen == [["from_epoch_end", "loss"]]  # and, after the module's hook, what it logged there
+    assert trainer.logged_metrics == {"loss": pytest.approx(float(trainer.callback_metrics["loss"])), "from_epoch_end": 7.0}
+
+
+class LogsTwice(LogsAtEpochEnd):
+    def on_train_epoch_end(self) -> None:
+        self.log("loss", 1.0)
+
+
+def test_one_name_from_a_step_and_an_epoch_end_hook_is_refused(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match=r"'loss'.*epoch-end hook.*another name"):
+        _trainer(tmp_path, max_epochs=1).fit(LogsTwice(), _loader())
+
+
+def test_checkpoint_hooks_run_in_lightnings_order(tmp_path: Any) -> None:
+    calls: list[str] = []
+    module = RecordingModule(calls)
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0, callbacks=[RecordingCallback(calls)])
+    trainer.fit(module, _loader(2))
+    calls.clear()
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    assert calls == ["cb.on_save_checkpoint", "module.on_save_checkpoint"]  # saving: callbacks first
+    calls.clear()
+    trainer = _trainer(tmp_path, max_epochs=2, num_sanity_val_steps=0, callbacks=[RecordingCallback(calls)])
+    trainer.fit(module, _loader(2), ckpt_path=str(tmp_path / "ckpt"))
+    loading = [c for c in calls if "load_checkpoint" in c]
+    assert loading == ["module.on_load_checkpoint", "cb.on_load_checkpoint"]  # loading: the module first
+
+
+class ManualRecording(RecordingModule):
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__(calls)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.calls.append("module.training_step")
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(self.layer(batch[0]).pow(2).mean())
+        opt.step(lambda: self.calls.append("closure"))
+
+
+def test_manual_optimization_batch_order_is_lightnings(tmp_path: Any) -> None:
+    calls: list[str] = []
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0, limit_train_batches=1,
+                       callbacks=[RecordingCallback(calls)])
+    trainer.fit(ManualRecording(calls), _loader())
+    start = calls.index("cb.on_train_batch_start")
+    # Lightning's (test_hooks.py, _manual_train_batch): the closure runs before on_before_optimizer_step, and the
+    # loop itself zeroes nothing (the step's opt.zero_grad() does)
+    assert calls[start:calls.index("module.on_train_batch_end") + 1] == [
+        "cb.on_train_batch_start", "module.on_train_batch_start",
+        "module.training_step", "optimizer.zero_grad",
+        "cb.on_before_backward", "module.on_before_backward", "cb.on_after_backward", "module.on_after_backward",
+        "closure", "cb.on_before_optimizer_step", "module.on_before_optimizer_step", "optimizer.step",
+        "cb.on_train_batch_end", "module.on_train_batch_end",
+    ]

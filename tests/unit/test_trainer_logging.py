@@ -78,7 +78,6 @@ def test_logger_false_is_kept_out_of_the_loggers() -> None:
         ({"value": torch.ones(3)}, ValueError, "tensor of shape \\(3,\\)"),
         ({"value": "high"}, TypeError, "value of type str"),
         ({"value": 1.0, "reduce_fx": "median"}, ValueError, "reduce_fx='median'"),
-        ({"value": 1.0, "on_step": True}, ValueError, "only supported in training"),
         ({"value": 1.0, "on_step": False, "on_epoch": False}, ValueError, "logs nothing"),
         ({"value": 1.0, "batch_size": 0}, ValueError, "batch_size=0"),
     ],
@@ -152,11 +151,13 @@ def test_epoch_values_and_what_the_trackers_receive(tmp_path: Any) -> None:
     assert metrics["seen"] == 4.0
     assert {"loss", "loss_step", "loss_epoch"} <= set(metrics)
     steps = [(step, sorted(values)) for step, values in recorder.records]
+    # Lightning's steps: a batch's values at the step before its optimizer step (batch 1 -> step 1), validation and
+    # the epoch values at the epoch's last step
     assert steps == [
-        (2, ["epoch", "loss_step"]), (4, ["epoch", "loss_step"]),
-        (4, ["epoch", "x_mean", "x_sum"]), (4, ["epoch", "loss_epoch", "seen"]),
-        (6, ["epoch", "loss_step"]), (8, ["epoch", "loss_step"]),
-        (8, ["epoch", "x_mean", "x_sum"]), (8, ["epoch", "loss_epoch", "seen"]),
+        (1, ["epoch", "loss_step"]), (3, ["epoch", "loss_step"]),
+        (3, ["epoch", "x_mean", "x_sum"]), (3, ["epoch", "loss_epoch", "seen"]),
+        (5, ["epoch", "loss_step"]), (7, ["epoch", "loss_step"]),
+        (7, ["epoch", "x_mean", "x_sum"]), (7, ["epoch", "loss_epoch", "seen"]),
     ]
     assert [values["epoch"] for _, values in recorder.records] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert trainer.logged_metrics["x_sum"] == pytest.approx(10.0)
@@ -254,3 +255,109 @@ def test_log_metrics_reaches_metrics_and_trackers(tmp_path: Any) -> None:
         trainer.log_metrics({"bad": "text"})
     with pytest.raises(TypeError, match="needs a dict"):
         trainer.log_metrics([("lr", 0.1)])  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------- the step trackers receive
+class LogsEverything(TrainModule):
+    """Logs a per-step loss, a validation mean and a learning rate, to check the steps trackers receive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val", batch[0].mean())
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_tracker_steps_are_lightnings_with_accumulation_and_mid_epoch_validation(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=1, log_every_n_steps=1, accumulate_grad_batches=2, val_check_interval=2,
+                       num_sanity_val_steps=0, callbacks=[recorder])
+    trainer.fit(LogsEverything(), _data(4, 1), _data(2, 1))
+    # Lightning: batch 1 ends the first window and logs at step 0 (the step before its optimizer step); the validation
+    # it triggers logs at the same step; the epoch values go to the epoch's last step.
+    assert [(step, sorted(values)) for step, values in recorder.records] == [
+        (0, ["epoch", "loss_step"]), (0, ["epoch", "val"]),
+        (1, ["epoch", "loss_step"]), (1, ["epoch", "val"]),
+        (1, ["epoch", "loss_epoch"]),
+    ]
+    assert trainer.global_step == 2 and trainer.logging_step == 2
+
+
+class TwoOptimizers(TrainModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.a, self.b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        for opt, layer in zip(self.optimizers(), (self.a, self.b)):
+            loss = layer(batch[0]).pow(2).mean()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+            self.log("loss", loss)
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.a.parameters(), lr=0.01), torch.optim.SGD(self.b.parameters(), lr=0.01)]
+
+
+def test_manual_optimization_tracker_steps_count_batches(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=1, log_every_n_steps=1, callbacks=[recorder])
+    trainer.fit(TwoOptimizers(), _data(3, 1))
+    assert trainer.global_step == 6  # two optimizer steps per batch, as Lightning counts them
+    assert [step for step, _ in recorder.records] == [0, 1, 2]  # but trackers see one step per batch, from 0
+
+
+def test_logged_metrics_keep_the_step_values_after_the_epoch(tmp_path: Any) -> None:
+    trainer = _trainer(tmp_path, max_epochs=1, log_every_n_steps=50, num_sanity_val_steps=0)
+    trainer.fit(LogsEverything(), _data(3, 1), _data(2, 1))
+    assert set(trainer.logged_metrics) == {"loss_step", "loss_epoch", "val"}  # loss_step although never written (50 > 3)
+    assert float(trainer.logged_metrics["loss_step"]) == pytest.approx(float(trainer.callback_metrics["loss_step"]))
+
+
+def test_lr_monitor_logs_at_the_tracker_step_without_an_epoch(tmp_path: Any) -> None:
+    from callbacks.lr_monitor import LearningRateMonitor
+
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=1, log_every_n_steps=2, num_sanity_val_steps=0,
+                       callbacks=[LearningRateMonitor(logging_interval="step"), recorder])
+    trainer.fit(LogsEverything(), _data(4, 1))
+    rows = [(step, sorted(values)) for step, values in recorder.records]
+    assert rows == [(1, ["lr-SGD"]), (1, ["epoch", "loss_step"]), (3, ["lr-SGD"]), (3, ["epoch", "loss_step"]),
+                    (3, ["epoch", "loss_epoch"])]
+
+
+class LogsPerValidationStep(LogsEverything):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("vloss", batch[0].mean(), on_step=True)  # on_epoch stays True in validation: vloss_step and vloss_epoch
+
+    test_step = validation_step
+
+
+def test_on_step_in_validation_and_test_gives_lightnings_step_and_epoch_names(tmp_path: Any) -> None:
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, max_epochs=2, log_every_n_steps=50, callbacks=[recorder])
+    module = LogsPerValidationStep()
+    trainer.fit(module, _data(2, 1), _data(3, 2))  # validation batches [0, 1] and [2]; the sanity check logs nothing
+    rows = [(step, values) for step, values in recorder.records if "vloss_step" in values or "vloss_epoch" in values]
+    # Lightning: each evaluation batch at the count of evaluation batches of this fit so far (no epoch key),
+    # the epoch value as any epoch value (at the training step, with the epoch)
+    assert rows == [
+        (0, {"vloss_step": 0.5}), (1, {"vloss_step": 2.0}), (1, {"vloss_epoch": 1.0, "epoch": 0}),
+        (2, {"vloss_step": 0.5}), (3, {"vloss_step": 2.0}), (3, {"vloss_epoch": 1.0, "epoch": 1}),
+    ]
+    assert {"vloss", "vloss_step", "vloss_epoch"} <= set(trainer.callback_metrics)
+    assert {"vloss_step", "vloss_epoch"} <= set(trainer.logged_metrics)
+    recorder.records.clear()
+    assert trainer.test(module, _data(3, 2)) == [{"vloss_epoch": pytest.approx(1.0)}]
+    assert [step for step, values in recorder.records if "vloss_step" in values] == [0, 1]  # a new run counts from 0

@@ -90,8 +90,10 @@ def test_load_from_checkpoint_rebuilds_from_hparams_and_weights(tmp_path: Any) -
     for (name, a), b in zip(module.state_dict().items(), loaded.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
     assert Base.load_from_checkpoint(path / "model.safetensors", lr=0.5).hparams.lr == 0.5
-    with pytest.raises(RuntimeError):  # a width override that does not fit the saved weights
-        Base.load_from_checkpoint(path, width=3)
+    from strategies.checkpoint_io import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"net\.0\.weight: \(6, 2\) in the checkpoint, \(3, 2\) in the model"):
+        Base.load_from_checkpoint(path, width=3)  # a width override that does not fit the saved weights
 
 
 class CrashAt(Callback):

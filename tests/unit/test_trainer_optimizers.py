@@ -204,7 +204,8 @@ class ClipProbe(Linear):
         super().__init__(lambda m: torch.optim.SGD(m.parameters(), lr=0.0))
         self.norms: list[float] = []
 
-    def on_before_zero_grad(self, optimizer: Any) -> None:
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # the clipped gradients of this step: as in Lightning they are zeroed on the next batch, not after the step
         self.norms.append(float(self.layer.weight.grad.norm()))
 
 

@@ -97,7 +97,7 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
     results_state = getattr(trainer, "results_state_dict", None)
     if callable(results_state):  # epoch accumulators of self.log(on_epoch=True), for an exact epoch value after resume
         checkpoint["results"] = results_state()
-    _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint)
+    _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint, module_first=False)
     safe: dict[str, Any] = to_json_safe(checkpoint, "checkpoint")
     return safe
 
@@ -109,12 +109,15 @@ def _as_number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _call_checkpoint_hooks(trainer: Trainer, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any]) -> None:
-    """Call `name` on the module, then on the callbacks that override it (``_runs_last`` ones last)."""
+def _call_checkpoint_hooks(
+    trainer: Trainer, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any], *, module_first: bool = True,
+) -> None:
+    """Call `name` on the callbacks that override it (``_runs_last`` ones last) and on the module: Lightning calls the
+    module first when loading, the callbacks first when saving."""
     from callbacks.base import Callback
 
     hook = getattr(module, name, None)
-    if callable(hook):
+    if module_first and callable(hook):
         hook(checkpoint)
     ordered = [cb for cb in callbacks if not getattr(cb, "_runs_last", False)]
     ordered += [cb for cb in callbacks if getattr(cb, "_runs_last", False)]
@@ -125,6 +128,8 @@ def _call_checkpoint_hooks(trainer: Trainer, module: Any, callbacks: list[Any], 
             except Exception as err:
                 err.add_note(f"raised in callback {type(callback).__name__}.{name}")
                 raise
+    if not module_first and callable(hook):
+        hook(checkpoint)
 
 
 def to_json_safe(value: Any, where: str) -> Any:
@@ -174,7 +179,13 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     checkpoint = accelerator.load_state(str(directory), manifest=manifest)
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
         raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
-    loop_state = checkpoint["loops"].get("fit_loop", {})
+    loop_state = dict(checkpoint["loops"].get("fit_loop", {}))
+    loop_state.setdefault("batches_that_stepped", loop_state.get("global_step", 0))  # written before trackers had their own step
+    open_batch = loop_state.pop("stepping_batch_open", False)  # written during a boundary batch (at its end or its validation)
+    loop_state["validation_pending"] = bool(loop_state.get("validation_pending", False))
+    if open_batch and not loop_state["validation_pending"]:
+        loop_state["batches_that_stepped"] += 1  # done now; with a validation pending it closes after that validation
+    loop_state["stepping_batch_open"] = open_batch and loop_state["validation_pending"]
     current = getattr(trainer, "fit_loop_state", None)
     if isinstance(current, dict):
         current.clear()
@@ -187,12 +198,12 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     results_load = getattr(trainer, "load_results_state_dict", None)
     if callable(results_load) and "results" in checkpoint:
         results_load(checkpoint["results"])
-    _restore_callback_states(trainer, checkpoint.get("callbacks") or {})
     datamodule = getattr(trainer, "datamodule", None)
     if datamodule is not None and "datamodule" in checkpoint:
         datamodule.load_state_dict(checkpoint["datamodule"])
     module = trainer.lightning_module
     _call_checkpoint_hooks(trainer, module, list(getattr(trainer, "callbacks", None) or []), "on_load_checkpoint", checkpoint)
+    _restore_callback_states(trainer, checkpoint.get("callbacks") or {})  # after the hooks, as Lightning
     return None
 
 

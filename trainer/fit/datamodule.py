@@ -54,3 +54,8 @@ class DataModule:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+
+    # Lightning's batch-transfer hooks; the DataModule's win over the module's (see TrainModule.on_before_batch_transfer)
+    on_before_batch_transfer = TrainModule.on_before_batch_transfer
+    transfer_batch_to_device = TrainModule.transfer_batch_to_device
+    on_after_batch_transfer = TrainModule.on_after_batch_transfer

@@ -1,9 +1,13 @@
-"""Hook dispatch: call one event on the module, then on the callbacks, cheaply.
+"""Hook dispatch: call one event on the callbacks, then on the module, cheaply (Lightning's order).
 
 The dispatcher is built once per run (`fit`, `validate`, ...). For every event it precomputes the list of
-bound methods to call: the module's hook first (without the ``trainer, module`` arguments), then each
-callback's in list order, with callbacks whose class sets ``_runs_last = True`` (checkpointing) moved behind
-the others. Objects that do not override a hook are left out, so an unused event costs one dict lookup.
+bound methods to call: each callback's in list order, with callbacks whose class sets ``_runs_last = True``
+(checkpointing) moved behind the others, then the module's hook (without the ``trainer, module`` arguments).
+Objects that do not override a hook are left out, so an unused event costs one dict lookup.
+
+At the end of a training epoch the loop splits the callbacks as Lightning does: those that monitor a metric
+(class attribute ``_monitors_metrics = True``: `ModelCheckpoint`, `EarlyStopping`) run after the module's
+``on_train_epoch_end``, so they see what it logs; the others run before it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def order_callbacks(callbacks: Iterable[Callback]) -> list[Callback]:
     return first + last
 
 
+def monitors_metrics(callback: Callback) -> bool:
+    """True for a callback that decides on a logged metric (checkpointing, early stopping): it sets ``_monitors_metrics``."""
+    return bool(getattr(callback, "_monitors_metrics", False))
+
+
 def _overrides(obj: Any, name: str, base: type) -> bool:
     """True when `obj`'s class defines `name` differently from `base` (or `base` lacks it)."""
     impl = getattr(type(obj), name, None)
@@ -43,7 +52,7 @@ class HookDispatcher:
     Args:
         module: the user's module (its hooks take no ``trainer, module`` arguments); None to skip it.
         module_base: the class whose no-op hooks mean "not overridden" for the module.
-        callbacks: callbacks, already in the order they should run (see `order_callbacks`).
+        callbacks: callbacks, already in the order they should run (see `order_callbacks`); they run before the module.
         owner: the object passed as ``trainer`` to callback hooks.
     """
 
@@ -65,15 +74,18 @@ class HookDispatcher:
         return event in self._module_hooks or event in self._callback_hooks
 
     def call(self, event: str, *args: Any) -> None:
-        """Fire `event`: the module's hook with ``*args``, then each callback's with ``(owner, module, *args)``."""
-        if event in self._module_hooks:
-            self.call_module(event, *args)
+        """Fire `event`: each callback's hook with ``(owner, module, *args)``, then the module's with ``*args``."""
         if event in self._callback_hooks:
             self.call_callbacks(event, *args)
+        if event in self._module_hooks:
+            self.call_module(event, *args)
 
-    def call_callbacks(self, event: str, *args: Any) -> None:
-        """Fire `event` on the callbacks only (events the module has no hook for, e.g. ``on_log_metrics``)."""
+    def call_callbacks(self, event: str, *args: Any, monitoring: bool | None = None) -> None:
+        """Fire `event` on the callbacks only: all of them, or (`monitoring` True/False) only those that do / do not
+        monitor a metric (see `monitors_metrics`)."""
         for callback, method in self._callback_hooks.get(event, ()):
+            if monitoring is not None and monitors_metrics(callback) != monitoring:
+                continue
             try:
                 method(self.owner, self.module, *args)
             except Exception as err:
@@ -81,7 +93,7 @@ class HookDispatcher:
                 raise
 
     def call_module(self, event: str, *args: Any) -> None:
-        """Fire `event` on the module only (the loop reduces epoch metrics between module and callbacks)."""
+        """Fire `event` on the module only (the loop reduces epoch metrics around the module's epoch-end hooks)."""
         hook = self._module_hooks.get(event)
         if hook is not None:
             try:

@@ -21,6 +21,7 @@ import torch
 
 from trainer.fit import preemption
 from trainer.fit.module import TrainModule
+from trainer.fit.transfer import moves_batches_itself, transfer_batch
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
@@ -31,8 +32,10 @@ _MISSING = object()
 # ---------------------------------------------------------------------------------------- fit
 def new_loop_state() -> dict[str, Any]:
     """The loop position of a fit that has not started."""
-    return {"epoch": 0, "global_step": 0, "batches_done_in_epoch": 0, "accumulation_position": 0, "accumulated": 0, "should_stop": False,
-            "validation_pending": False}
+    return {
+        "epoch": 0, "global_step": 0, "batches_that_stepped": 0, "stepping_batch_open": False, "batches_done_in_epoch": 0,
+        "accumulation_position": 0, "accumulated": 0, "should_stop": False, "validation_pending": False,
+    }
 
 
 def max_steps_reached(trainer: Trainer) -> bool:
@@ -47,14 +50,15 @@ def fit_done(trainer: Trainer) -> bool:
     return trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
 
 
-def sanity_check(trainer: Trainer, val_loader: Any) -> None:
+def sanity_check(trainer: Trainer, val_loaders: list[Any]) -> None:
     """Run ``num_sanity_val_steps`` validation batches; the metrics they log are dropped afterwards."""
     stores = (trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics)
     saved = [dict(d) for d in stores]
     trainer.sanity_checking = True
     trainer._dispatch.call("on_sanity_check_start")
-    steps = trainer.num_val_batches if trainer.num_sanity_val_steps == -1 else min(trainer.num_sanity_val_steps, trainer.num_val_batches)
-    eval_loop(trainer, "validation", val_loader, steps)
+    limits = trainer._val_limits
+    steps = limits if trainer.num_sanity_val_steps == -1 else [min(trainer.num_sanity_val_steps, n) for n in limits]
+    eval_loop(trainer, "validation", val_loaders, steps)
     trainer._dispatch.call("on_sanity_check_end")
     trainer.sanity_checking = False
     for target, values in zip(stores, saved):
@@ -62,14 +66,15 @@ def sanity_check(trainer: Trainer, val_loader: Any) -> None:
         target.update(values)
 
 
-def train_epoch(trainer: Trainer, val_loader: Any) -> None:
+def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     """Run (the rest of) one training epoch, validating when due."""
     state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
-    pending = state.get("validation_pending", False) and val_loader is not None
+    pending = state.get("validation_pending", False) and bool(val_loaders)
     if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:  # restored from the end of an epoch
         if pending:
-            _validate(trainer, val_loader)
+            _validate(trainer, val_loaders)
+        _close_stepping_batch(state)
         return _next_epoch(trainer, update_plateau=False)
     start = state["batches_done_in_epoch"]
     batches = _train_batches(trainer, start)
@@ -77,34 +82,63 @@ def train_epoch(trainer: Trainer, val_loader: Any) -> None:
     results.set_context("train", False)
     trainer._dispatch.call("on_train_epoch_start")
     if pending:
-        _validate(trainer, val_loader)
+        _validate(trainer, val_loaders)
+    _close_stepping_batch(state)
     for batch_idx in range(start, trainer.num_training_batches):
         batch = next(batches, _MISSING)
-        state["validation_pending"] = val_loader is not None and _validation_due(trainer, batch_idx)
-        if batch is _MISSING or not train_batch(trainer, batch, batch_idx):
-            state["validation_pending"] = False
+        if batch is _MISSING:
             break
-        if state["validation_pending"]:
-            _validate(trainer, val_loader)
-        if max_steps_reached(trainer):
+        state["validation_pending"] = bool(val_loaders) and _validation_due(trainer, batch_idx)  # saved by checkpoints
+        go_on = train_batch(trainer, batch, batch_idx)
+        if go_on and state["validation_pending"]:
+            _validate(trainer, val_loaders)
+        state["validation_pending"] = False
+        _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
+        if not go_on or max_steps_reached(trainer):
             break
         if preemption.due(trainer) and batch_idx + 1 < trainer.num_training_batches:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
-    results.set_context("train", False)
-    trainer._dispatch.call_module("on_train_epoch_end")
-    _, logged = results.reduce_epoch("train")
-    trainer._dispatch.call_callbacks("on_train_epoch_end")
-    trainer._send_to_trackers(logged)
+    _, logged = _end_of_epoch(trainer, "train")
+    trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
     cut_by_max_steps = state["batches_done_in_epoch"] < trainer.num_training_batches and max_steps_reached(trainer)
     if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
     return None
 
 
-def _validate(trainer: Trainer, val_loader: Any) -> None:
+def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     trainer.fit_loop_state["validation_pending"] = False  # a checkpoint written during the validation is past it
-    eval_loop(trainer, "validation", val_loader, trainer.num_val_batches)
+    eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)
     trainer.attached_module.train()
+
+
+def _close_stepping_batch(state: dict[str, Any]) -> None:
+    if state["stepping_batch_open"]:
+        state["batches_that_stepped"] += 1
+        state["stepping_batch_open"] = False
+
+
+def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[str, float]]:
+    """``on_<stage>_epoch_end`` in Lightning's order, with the epoch values computed around it.
+
+    Returns ``(the epoch values, the ones for the trackers)``.
+
+    The epoch values of what the steps logged are computed first, so every epoch-end hook sees them; then the
+    callbacks run and the module's hook; the values those hooks logged are computed last. At the end of a
+    training epoch the callbacks that monitor a metric (checkpointing, early stopping) run after the module's
+    hook and that last computation, so they see what the module logged there; the other callbacks run before it.
+    """
+    results, dispatch, event = trainer._results, trainer._dispatch, f"on_{stage}_epoch_end"
+    results.set_context(stage, False)
+    metrics, logged = results.reduce_epoch(stage)
+    results.set_context(stage, False, epoch_end=True)
+    dispatch.call_callbacks(event, monitoring=False if stage == "train" else None)
+    dispatch.call_module(event)
+    more_metrics, more_logged = results.reduce_epoch(stage, epoch_end=True)
+    if stage == "train":
+        dispatch.call_callbacks(event, monitoring=True)
+    results.set_context(stage, False)
+    return {**metrics, **more_metrics}, {**logged, **more_logged}
 
 
 def _train_batches(trainer: Trainer, start: int) -> Any:
@@ -140,9 +174,10 @@ def _validation_due(trainer: Trainer, batch_idx: int) -> bool:
 def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
     """Run one training batch; return False (having done nothing) when the processes agreed to stop."""
     state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.attached_module
+    if trainer._moves_batches:
+        batch = transfer_batch(trainer, batch, 0)
     trainer._results.set_batch(batch)
     trainer._results.set_context("train", True)
-    steps_before = state["global_step"]
     trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
     if not module.automatic_optimization:
         acc.sync_gradients = True
@@ -170,6 +205,8 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
                     "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
                     stacklevel=2,
                 )
+            if state["accumulation_position"] == 0:  # Lightning's place: the window's first batch, after training_step
+                _zero_grad(trainer)
             if not skip:
                 trainer._dispatch.call("on_before_backward", loss)
                 acc.backward(loss)
@@ -179,15 +216,19 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
         if boundary and state["accumulated"]:
             optimizer_step(trainer)
     state["batches_done_in_epoch"] = batch_idx + 1
+    # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
+    state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
     trainer._dispatch.call("on_train_batch_end", _detached(output), batch, batch_idx)
-    stepped = state["global_step"] != steps_before
-    if stepped and state["global_step"] % trainer.log_every_n_steps == 0:
-        trainer._send_to_trackers(trainer._results.flush_step())
+    if boundary and (trainer.logging_step + 1) % trainer.log_every_n_steps == 0:
+        trainer._send_to_trackers(trainer._results.flush_step(), trainer.logging_step)
     return not stop
 
 
 def optimizer_step(trainer: Trainer) -> None:
-    """Unscale, clip, step and zero the (single, automatic-optimization) optimizer, then step the schedulers."""
+    """Unscale, clip and step the (single, automatic-optimization) optimizer, then step the schedulers.
+
+    Its gradients are zeroed on the next window's first batch (`_zero_grad`), where Lightning zeroes them.
+    """
     acc, optimizer = trainer.accelerator, trainer.optimizers[0]
     acc.unscale_gradients(optimizer)
     trainer._dispatch.call("on_before_optimizer_step", optimizer)
@@ -200,10 +241,15 @@ def optimizer_step(trainer: Trainer) -> None:
     optimizer.step()
     trainer.fit_loop_state["global_step"] += 1
     trainer.fit_loop_state["accumulated"] = 0
-    trainer._dispatch.call("on_before_zero_grad", optimizer)
-    optimizer.zero_grad()
     if trainer.lr_scheduler_configs and not acc.optimizer_step_was_skipped:
         step_schedulers(trainer, "step", update_plateau=True)
+
+
+def _zero_grad(trainer: Trainer) -> None:
+    """``on_before_zero_grad`` (it sees the gradients of the previous step), then zero them before this window's backward."""
+    optimizer = trainer.optimizers[0]
+    trainer._dispatch.call("on_before_zero_grad", optimizer)
+    getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)  # the prepared wrapper would zero on boundaries only
 
 
 def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:
@@ -270,11 +316,13 @@ def agree_flags(trainer: Trainer, skip: bool, nonfinite: bool = False) -> tuple[
 
 
 # ---------------------------------------------------------------------------------------- evaluation
-def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
-    """Run one epoch of `stage` ("validation", "test" or "predict") over at most `limit` batches.
+def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int]) -> Any:
+    """Run one epoch of `stage` ("validation", "test" or "predict") over each loader in turn, at most `limits[i]`
+    batches of loader i. With several loaders the steps and batch hooks also get ``dataloader_idx`` (as Lightning's).
 
-    Returns ``[{metric: value}]`` of the epoch-level metrics, or for "predict" every batch's output
-    in dataset order.
+    Returns ``[{metric: value}]``, one dict per loader (with several, loader i's holds the ``name/dataloader_idx_<i>``
+    values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
+    (a list per loader when there are several).
     """
     module, call, results = trainer.attached_module, trainer._dispatch.call, trainer._results
     step = getattr(module, f"{stage}_step")
@@ -286,38 +334,62 @@ def eval_loop(trainer: Trainer, stage: str, loader: Any, limit: int) -> Any:
     if through and trainer.world_size > 1:
         # Each sample is evaluated once, so processes may run different numbers of batches; a forward that
         # all-gathers would then wait forever for the process that has finished. Gather the parameters once instead.
-        counts = strategy.all_gather_object(min(limit, len(loader)))
-        if len(set(counts)) > 1:
+        counts = strategy.all_gather_object([min(limit, len(loader)) for loader, limit in zip(loaders, limits)])
+        if any(c != counts[0] for c in counts):
             gathered, through = strategy.gathered_parameters(wrapped), False
+    several = len(loaders) > 1
+    transfer = moves_batches_itself(trainer)
     module.eval()
     was_training, trainer.training = trainer.training, False
     results.set_context(stage, False)
     results.enabled = stage != "predict"
-    predictions: list[tuple[int, int, Any]] = []
+    predictions: list[list[tuple[int, int, Any]]] = [[] for _ in loaders]
     with torch.no_grad(), gathered:
         call(f"on_{stage}_start")
         call(f"on_{stage}_epoch_start")
-        batches = iter(loader)
-        for batch_idx in range(limit):
-            batch = next(batches, _MISSING)
-            if batch is _MISSING:
-                break
-            results.set_batch(batch)
-            call(f"on_{stage}_batch_start", batch, batch_idx)
-            with strategy.precision.forward_context():
-                output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx) if through else step(batch, batch_idx)
-            if stage == "predict":
-                predictions.append((batch_idx, trainer.global_rank, _to_cpu(output)))
-            call(f"on_{stage}_batch_end", output, batch, batch_idx)
-        trainer._dispatch.call_module(f"on_{stage}_epoch_end")
-        metrics, logged = results.reduce_epoch(stage) if stage != "predict" else ({}, {})
-        trainer._dispatch.call_callbacks(f"on_{stage}_epoch_end")
-        trainer._send_to_trackers(logged)
+        for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
+            extra = (dataloader_idx,) if several else ()
+            results.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
+            batches = iter(loader)
+            for batch_idx in range(limit):
+                batch = next(batches, _MISSING)
+                if batch is _MISSING:
+                    break
+                if transfer:
+                    batch = transfer_batch(trainer, batch, dataloader_idx)
+                results.set_batch(batch)
+                call(f"on_{stage}_batch_start", batch, batch_idx, *extra)
+                with strategy.precision.forward_context():
+                    if through:
+                        output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx, *extra)
+                    else:
+                        output = step(batch, batch_idx, *extra)
+                if stage == "predict":
+                    predictions[dataloader_idx].append((batch_idx, trainer.global_rank, _to_cpu(output)))
+                call(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
+                if stage != "predict":  # Lightning: every batch, at the batches seen so far (the sanity check's are dropped)
+                    values, seen, key = results.flush_step(stage), trainer._eval_batches_seen, (stage, dataloader_idx)
+                    if not trainer.sanity_checking:
+                        trainer._send_to_trackers(values, seen.get(key, 0), epoch=False)
+                        seen[key] = seen.get(key, 0) + 1
+        results.dataloader_suffix = ""
+        metrics: dict[str, float] = {}
+        if stage == "predict":
+            call("on_predict_epoch_end")
+        else:
+            metrics, logged = _end_of_epoch(trainer, stage)
+            trainer._send_to_trackers(logged)
         call(f"on_{stage}_end")
     results.enabled, trainer.training = True, was_training
     if stage == "predict":
-        return _ordered_predictions(trainer, predictions)
-    return [metrics]
+        ordered = [_ordered_predictions(trainer, local) for local in predictions]
+        return ordered if several else ordered[0]
+    return [_of_loader(metrics, i) for i in range(len(loaders))] if several else [metrics]
+
+
+def _of_loader(metrics: dict[str, float], dataloader_idx: int) -> dict[str, float]:
+    """The metrics of loader `dataloader_idx`: its ``/dataloader_idx_<i>`` ones and those without a loader suffix."""
+    return {k: v for k, v in metrics.items() if "/dataloader_idx_" not in k or k.endswith(f"/dataloader_idx_{dataloader_idx}")}
 
 
 def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:
@@ -343,7 +415,10 @@ def overrides(module: TrainModule, name: str) -> bool:
 
 
 def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
-    """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's."""
+    """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's.
+
+    "train" gives one loader; the evaluation kinds a list (a single loader becomes a list of one).
+    """
     owner = module._trainer
     datamodule = getattr(owner, "datamodule", None) if owner is not None else None
     if given is None and datamodule is not None:
@@ -351,17 +426,20 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
     if given is None:
         method = getattr(module, f"{kind}_dataloader", None)
         given = method() if callable(method) else None
-    if isinstance(given, (list, tuple)):
-        if len(given) != 1:
-            raise ValueError(f"one {kind} dataloader is supported, got {len(given)}; pass a single DataLoader")
-        given = given[0]
-    if given is None:
+    if isinstance(given, dict):
+        raise TypeError(f"the {kind} dataloaders are a dict; pass a list of DataLoaders (dataloader_idx is the position in it)")
+    several = isinstance(given, (list, tuple))
+    loaders = list(given) if several else [given]
+    if several and kind == "train" and len(loaders) != 1:
+        raise ValueError(f"one train dataloader is supported, got {len(loaders)}; pass a single DataLoader")
+    if given is None or not loaders:
         if required:
             raise ValueError(f"no {kind} dataloader: pass one to the Trainer method, or define {kind}_dataloader() on {type(module).__name__}")
         return None
-    if not isinstance(given, torch.utils.data.DataLoader):
-        raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(given).__name__}")
-    return given
+    for loader in loaders:
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    return loaders if kind != "train" else loaders[0]
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:

@@ -165,13 +165,20 @@ class ManualOptimizer:
     def step(self, closure: Any = None) -> None:
         """Step the optimizer (loss scaling and skipped fp16 steps are handled by the Accelerator).
 
-        Calls ``on_before_optimizer_step(optimizer)`` on the module and callbacks first, as Lightning does.
+        Calls ``on_before_optimizer_step(optimizer)`` on the callbacks and the module first, as Lightning does;
+        with a `closure`, after the closure ran (inside the optimizer's step), as Lightning's precision plugin does.
         """
-        self._trainer._dispatch.call("on_before_optimizer_step", self)
+        dispatch = self._trainer._dispatch
         if closure is None:
+            dispatch.call("on_before_optimizer_step", self)
             self.optimizer.step()
         else:
-            self.optimizer.step(closure=closure)
+            def closure_then_hook() -> Any:
+                result = closure()
+                dispatch.call("on_before_optimizer_step", self)
+                return result
+
+            self.optimizer.step(closure=closure_then_hook)
         self._trainer.fit_loop_state["global_step"] += 1
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -285,6 +292,7 @@ class TrainModule(nn.Module):
         sync_dist: bool = False,
         reduce_fx: Any = "mean",
         batch_size: int | None = None,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Log a scalar (number, one-element tensor) or a torchmetrics ``Metric``.
 
@@ -292,11 +300,12 @@ class TrainModule(nn.Module):
         validation/test and epoch hooks they are aggregated per epoch (a mean weighted by batch size,
         or ``reduce_fx`` "sum"/"max"/"min"). With both ``on_step`` and ``on_epoch`` the names become
         ``name_step`` and ``name_epoch``. ``sync_dist=True`` reduces across processes; a ``Metric`` is
-        computed (with its own distributed sync) and reset at epoch end.
+        computed (with its own distributed sync) and reset at epoch end. With several evaluation loaders a
+        name logged in their steps becomes ``name/dataloader_idx_<i>`` unless ``add_dataloader_idx=False``.
         """
         self.trainer._results.log(
             name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
-            sync_dist=sync_dist, reduce_fx=reduce_fx, batch_size=batch_size,
+            sync_dist=sync_dist, reduce_fx=reduce_fx, batch_size=batch_size, add_dataloader_idx=add_dataloader_idx,
         )
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
@@ -395,22 +404,39 @@ class TrainModule(nn.Module):
     def teardown(self, stage: str) -> None: ...
     def on_validation_start(self) -> None: ...
     def on_validation_epoch_start(self) -> None: ...
-    def on_validation_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_validation_epoch_end(self) -> None: ...
     def on_validation_end(self) -> None: ...
     def on_test_start(self) -> None: ...
     def on_test_epoch_start(self) -> None: ...
-    def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_test_epoch_end(self) -> None: ...
     def on_test_end(self) -> None: ...
     def on_predict_start(self) -> None: ...
     def on_predict_epoch_start(self) -> None: ...
-    def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_predict_epoch_end(self) -> None: ...
     def on_predict_end(self) -> None: ...
+
+    # batch transfer (Lightning's): each batch of every loader passes through these three, in this order, before
+    # its batch hooks. Overriding any of them (here or on the DataModule, which wins) turns the loaders' own
+    # device placement off, so `transfer_batch_to_device` is what moves the batch.
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch before it is moved to the device (on the CPU); return it."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move the batch to `device` (default: every tensor in nested lists, tuples, dicts, dataclasses); return it."""
+        from strategies.data import send_to_device
+
+        return send_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change the batch after it reached the device (e.g. GPU augmentation); return it."""
+        return batch
 
     # hyperparameters and checkpoints
     def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str | None = None) -> None:

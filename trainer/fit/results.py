@@ -69,6 +69,12 @@ class _Entry:
     total: Any = None
     weight: Any = 0.0
     updates: int = 0
+    epoch_end: bool = False  # logged in an epoch-end hook: reduced after those hooks ran (see ResultsStore.reduce_epoch)
+    suffix: str = ""  # "/dataloader_idx_<i>": the name's loader suffix, which goes after _step/_epoch
+
+    def forked(self, name: str, kind: str) -> str:
+        """Lightning's name of a value logged per step and per epoch: ``x_step``, ``x_epoch/dataloader_idx_1``."""
+        return f"{name[: len(name) - len(self.suffix)]}_{kind}{self.suffix}"
 
     def accumulate(self, value: Any, batch_size: int) -> None:
         if self.reduce_fx == "mean":
@@ -111,18 +117,21 @@ class ResultsStore:
         self.world_size = world_size
         self.stage = "train"
         self.step_context = True
+        self.epoch_end = False
+        self.dataloader_suffix = ""  # "/dataloader_idx_<i>" while one of several evaluation loaders runs
         self.enabled = True
         self._entries: dict[str, dict[str, _Entry]] = {}
         self._batch: Any = None
         self._batch_size: int | None = None
         self.callback_metrics: dict[str, Any] = {}
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, Any] = {}
         self.progress_bar_metrics: dict[str, Any] = {}
 
     # context, set by the loop
-    def set_context(self, stage: str, step_context: bool) -> None:
-        """Say which loop is running and whether the current hook is per-batch training code."""
-        self.stage, self.step_context = stage, step_context
+    def set_context(self, stage: str, step_context: bool, *, epoch_end: bool = False) -> None:
+        """Say which loop is running, whether the current hook is per-batch training code, and whether it is an
+        epoch-end hook (``on_*_epoch_end``: what it logs is reduced by ``reduce_epoch(stage, epoch_end=True)``)."""
+        self.stage, self.step_context, self.epoch_end = stage, step_context, epoch_end
 
     def set_batch(self, batch: Any) -> None:
         """Remember the current batch; its size is inferred only if a logged mean needs it."""
@@ -147,22 +156,20 @@ class ResultsStore:
         sync_dist: bool = False,
         reduce_fx: Any = "mean",
         batch_size: int | None = None,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
         if not isinstance(name, str) or not name:
             raise ValueError(f"self.log needs a non-empty string name, got {name!r}")
+        suffix = self.dataloader_suffix if add_dataloader_idx else ""
+        name += suffix
         fx = normalize_reduce_fx(reduce_fx)
         on_step = self.step_context if on_step is None else bool(on_step)
         on_epoch = (not self.step_context) if on_epoch is None else bool(on_epoch)
         if not on_step and not on_epoch:
             raise ValueError(f"self.log({name!r}, ...) with on_step=False and on_epoch=False logs nothing; set one of them to True")
-        if on_step and self.stage != "train":
-            raise ValueError(
-                f"self.log({name!r}, ..., on_step=True) is only supported in training; "
-                f"in {self.stage} values are aggregated per epoch: use on_step=False"
-            )
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
         metric = value if _is_metric(value) else None
@@ -171,7 +178,13 @@ class ResultsStore:
         entries = self._entries.setdefault(self.stage, {})
         entry = entries.get(name)
         if entry is None:
-            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric)
+            entry = entries[name] = _Entry(on_step, on_epoch, prog_bar, logger, sync_dist, fx, metric, epoch_end=self.epoch_end, suffix=suffix)
+        elif entry.epoch_end != self.epoch_end:
+            where = ("an epoch-end hook", "a step or batch hook") if entry.epoch_end else ("a step or batch hook", "an epoch-end hook")
+            raise ValueError(
+                f"self.log({name!r}, ...) was called in {where[0]} and now in {where[1]} of the same {self.stage} epoch; "
+                "their epoch values are computed at different points, so log the epoch-end value under another name"
+            )
         elif (entry.on_step, entry.on_epoch, entry.reduce_fx, entry.metric is not None) != (on_step, on_epoch, fx, metric is not None):
             raise ValueError(
                 f"self.log({name!r}, ...) was called before with on_step={entry.on_step}, on_epoch={entry.on_epoch}, "
@@ -185,9 +198,11 @@ class ResultsStore:
             entry.accumulate(value, batch_size or (self._current_batch_size() if fx == "mean" else 1))
         if on_step and value is not None:
             entry.step_value, entry.step_dirty = value, True
-            key = f"{name}_step" if on_epoch else name
+            key = entry.forked(name, "step") if on_epoch else name
             self.callback_metrics[key] = value
             self.callback_metrics[name] = value
+            if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
+                self.logged_metrics[key] = value
             if prog_bar:
                 self.progress_bar_metrics[key] = value
 
@@ -237,30 +252,38 @@ class ResultsStore:
                 out[name] = packed[i] / packed[len(names) + i] if kind == "mean" else packed[i]
         return out
 
-    def flush_step(self) -> dict[str, float]:
-        """The step values logged since the last call, as floats (``sync_dist`` ones reduced across ranks).
+    def flush_step(self, stage: str = "train") -> dict[str, float]:
+        """The step values of `stage` logged since the last call, as floats.
 
-        Every rank must call this at the same steps when more than one process runs.
+        In training, ``sync_dist`` ones are reduced across ranks, and every rank must call this at the same steps
+        when more than one process runs. In evaluation each process runs its own number of batches (every sample
+        once), so step values are this process's own and nothing is reduced (``sync_dist`` applies to the epoch value).
         """
-        entries = self._entries.get("train", {})
+        entries = self._entries.get(stage, {})
         dirty = {n: e for n, e in entries.items() if e.on_step and e.step_dirty}
-        synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None})
+        sync = stage == "train"
+        synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None}) if sync else ({}, set())
         reduced = self._reduce_values({n: ("mean", dirty[n].step_value, 1.0) if n in dirty else ("mean", None, None) for n in synced})
         values: dict[str, Any] = {}
         for name, entry in dirty.items():
             entry.step_dirty = False
             if entry.logger:
-                values[f"{name}_step" if entry.on_epoch else name] = reduced.get(name, entry.step_value)
-        return self._to_floats(values)
+                values[entry.forked(name, "step") if entry.on_epoch else name] = reduced.get(name, entry.step_value)
+        floats = self._to_floats(values)
+        self.logged_metrics.update(floats)  # the synced values, where sync_dist asked for them
+        return floats
 
-    def reduce_epoch(self, stage: str) -> tuple[dict[str, float], dict[str, float]]:
-        """Compute every epoch value of `stage` (every rank must call this once per epoch) and reset the accumulators.
+    def reduce_epoch(self, stage: str, *, epoch_end: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+        """Compute the epoch values of `stage` and reset their accumulators; every rank calls this twice per epoch.
+
+        First (``epoch_end=False``) for what the steps and batch hooks logged, before the epoch-end hooks run (so
+        they see those values, as in Lightning); then (``epoch_end=True``) for what the epoch-end hooks logged.
 
         Returns:
             ``(all epoch values, the ones meant for the loggers)``, as floats. `callback_metrics`,
             `logged_metrics` and `progress_bar_metrics` are updated.
         """
-        entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch}
+        entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch and e.epoch_end == epoch_end}
         local = {n: "metric" if e.metric is not None else e.reduce_fx for n, e in entries.items()
                  if e.metric is not None or (e.sync_dist and e.updates > 0)}
         agreed, missing = self._agree(local)
@@ -287,10 +310,10 @@ class ResultsStore:
             if name not in values and entry.updates > 0 and entry.metric is None:
                 values[name] = entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
             entry.reset_epoch()
-        floats = self._to_floats({(f"{n}_epoch" if entries[n].on_step else n): v for n, v in values.items() if n in entries})
+        floats = self._to_floats({(entries[n].forked(n, "epoch") if entries[n].on_step else n): v for n, v in values.items() if n in entries})
         out: dict[str, float] = {}
         for name, entry in entries.items():
-            key = f"{name}_epoch" if entry.on_step else name
+            key = entry.forked(name, "epoch") if entry.on_step else name
             if key not in floats:
                 continue
             self.callback_metrics[key] = self.callback_metrics[name] = floats[key]
@@ -335,7 +358,7 @@ class ResultsStore:
 
     def reset(self) -> None:
         """Forget all entries (a new ``fit``/``validate``/``test`` run)."""
-        self.enabled = True
+        self.enabled, self.epoch_end = True, False
         self._entries.clear()
         self.callback_metrics.clear()
         self.logged_metrics.clear()

@@ -27,6 +27,7 @@ from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, de
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.results import ResultsStore
+from trainer.fit.transfer import moves_batches_itself
 
 
 class Trainer:
@@ -46,7 +47,7 @@ class Trainer:
         accumulate_grad_batches: batches per optimizer step.
         gradient_clip_val: clip gradients to this before each step (None: no clipping).
         gradient_clip_algorithm: ``"norm"`` (the total norm) or ``"value"`` (each element).
-        callbacks: `Callback` objects, called in list order after the module's hooks.
+        callbacks: `Callback` objects, called in list order before the module's hooks (Lightning's order).
         log_with: tracker name(s) (``"csv"``, ``"tensorboard"``, ...), tracker objects, or None.
         project_dir: where logs and checkpoints go.
         val_check_interval: validate every N training batches (int) or every fraction of an epoch (float).
@@ -56,7 +57,8 @@ class Trainer:
         limit_test_batches: the same for testing.
         limit_predict_batches: the same for prediction.
         num_sanity_val_steps: validation batches run before training (-1: all).
-        log_every_n_steps: write step values to the trackers every N optimizer steps.
+        log_every_n_steps: write step values to the trackers every N batches that end an accumulation window
+            (every N batches in manual optimization), at `logging_step`, as Lightning does.
         enable_progress_bar: add the default progress bar.
         enable_checkpointing: add the default `ModelCheckpoint`.
         enable_model_summary: add the default model summary.
@@ -123,9 +125,9 @@ class Trainer:
         self.optimizers: list[Any] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
         self.num_training_batches = 0
-        self.num_val_batches = 0
-        self.num_test_batches = 0
-        self.num_predict_batches = 0
+        self.num_val_batches: int | list[int] = 0  # a list with several loaders (one count each)
+        self.num_test_batches: int | list[int] = 0
+        self.num_predict_batches: int | list[int] = 0
         self.lightning_module: TrainModule | None = None
         self._model: Any = None
         self._prepared_for: int | None = None
@@ -136,6 +138,11 @@ class Trainer:
         self.agreed_nonfinite = False  # the processes agreed this batch has a non-finite loss (on_nonfinite)
         self.nonfinite_skipped = 0
         self.agreed_signal = 0  # ... and the one every process agreed on
+        # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
+        # the on_step values logged in validation_step/test_step, as Lightning's
+        self._eval_batches_seen: dict[tuple[str, int], int] = {}
+        self._val_limits: list[int] = []  # validation batches per loader of the running fit
+        self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -192,6 +199,15 @@ class Trainer:
         return int(self.fit_loop_state["global_step"])
 
     @property
+    def logging_step(self) -> int:
+        """The step trackers receive: boundary batches done so far (Lightning's ``_batches_that_stepped``).
+
+        It counts the batches that ended an accumulation window (every batch in manual optimization), and grows
+        after the batch's step values and any validation it triggered were logged: the first row is step 0.
+        """
+        return int(self.fit_loop_state["batches_that_stepped"])
+
+    @property
     def current_epoch(self) -> int:
         return int(self.fit_loop_state["epoch"])
 
@@ -208,7 +224,7 @@ class Trainer:
         return self._results.callback_metrics
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
+    def logged_metrics(self) -> dict[str, Any]:
         return self._results.logged_metrics
 
     @property
@@ -253,9 +269,9 @@ class Trainer:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log values computed outside ``self.log`` (a callback's learning rates, throughput, ...).
 
-        They go into `callback_metrics` and `logged_metrics` and, with the current ``"epoch"`` added, to every
-        tracker (each callback's ``on_log_metrics``) at `step` (default: `global_step`). Nothing reaches the
-        trackers while sanity checking, as for ``self.log``.
+        They go into `callback_metrics` and `logged_metrics` and to every tracker (each callback's
+        ``on_log_metrics``) at `step`; without a `step`, at `logging_step` with the current ``"epoch"`` added (as
+        Lightning's logger connector does). Nothing reaches the trackers while sanity checking, as for ``self.log``.
 
         Raises:
             TypeError: `metrics` is not a dict of numbers (or one-element tensors).
@@ -270,7 +286,7 @@ class Trainer:
                 raise TypeError(f"log_metrics got {name}={value!r:.100}, which is not a number; log numbers or one-element tensors") from None
         self.callback_metrics.update(values)
         self.logged_metrics.update(values)
-        self._send_to_trackers(values, step)
+        self._send_to_trackers(values, None if step is None else int(step), epoch=step is None)
 
     def results_state_dict(self) -> dict[str, Any]:
         """The epoch accumulators of ``self.log(..., on_epoch=True)``, saved in checkpoints so epoch values stay exact on resume."""
@@ -324,41 +340,44 @@ class Trainer:
         self.fit_loop_state.update(loops.new_loop_state())
         self._warned_skip = False
         self.nonfinite_skipped = 0
+        self._moves_batches = moves_batches_itself(self)
         given = loops.loader_from(module, "train", train_dataloaders, required=True)
         if len(given) == 0:
             raise ValueError(
                 f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
                 f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
             )
-        self._train_loader = self.accelerator.prepare(given)
+        self._train_loader = self.accelerator.prepare(given, device_placement=[not self._moves_batches])
         self.num_training_batches = loops.limit_batches(len(self._train_loader), self._args.limit_train_batches)
         if self.num_training_batches == 0:
             warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=3)
-        val_loader = self._fit_val_loader(module, val_dataloaders)
-        self.num_val_batches = loops.limit_batches(len(val_loader), self._args.limit_val_batches) if val_loader is not None else 0
+        val_loaders = self._fit_val_loaders(module, val_dataloaders)
+        self._val_limits = [loops.limit_batches(len(loader), self._args.limit_val_batches) for loader in val_loaders or []]
+        self.num_val_batches = _one_or_list(self._val_limits)
         self._configure_optimizers(module)
         self._restore(ckpt_path)
         self._dispatch.call("on_fit_start")
-        if val_loader is not None and self.num_sanity_val_steps != 0 and self.global_step == 0:
-            loops.sanity_check(self, val_loader)
+        module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
+        if val_loaders and self.num_sanity_val_steps != 0 and self.global_step == 0:
+            loops.sanity_check(self, val_loaders)
         self.training = True
         self._dispatch.call("on_train_start")
         while not loops.fit_done(self):
-            loops.train_epoch(self, val_loader)
+            loops.train_epoch(self, val_loaders)
             if preemption.due(self):
                 preemption.checkpoint_and_exit(self)
         self.training = False
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
-    def _fit_val_loader(self, module: TrainModule, val_dataloaders: Any) -> Any:
-        """The sharded validation loader of a fit, or None when there is nothing to validate."""
+    def _fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
+        """The sharded validation loaders of a fit, or None when there is nothing to validate."""
         val = loops.loader_from(module, "val", val_dataloaders, required=False) if loops.overrides(module, "validation_step") else None
         if val_dataloaders is not None and val is None:
             warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
-        if val is not None and loops.limit_batches(len(val), self._args.limit_val_batches) == 0:
-            val = None  # decided from the unsharded loader, so every process agrees (a process may hold no batch)
-        return self._eval_loader(val) if val is not None else None
+        if val is not None and all(loops.limit_batches(len(loader), self._args.limit_val_batches) == 0 for loader in val):
+            val = None  # decided from the unsharded loaders, so every process agrees (a process may hold no batch)
+        return [self._eval_loader(loader) for loader in val] if val is not None else None
 
     def _configure_optimizers(self, module: TrainModule) -> None:
         """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
@@ -399,9 +418,10 @@ class Trainer:
     def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None) -> Any:
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
-        loader = self._eval_loader(loops.loader_from(module, kind, dataloaders, required=True))
-        limit = loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches"))
-        setattr(self, f"num_{kind}_batches", limit)
+        self._moves_batches = moves_batches_itself(self)
+        loaders = [self._eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
+        limits = [loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches")) for loader in loaders]
+        setattr(self, f"num_{kind}_batches", _one_or_list(limits))
         if self._prepared_for != id(module) and self.accelerator.strategy.joint_setup:
             # before any fit: an engine set up now could not take the optimizers of a later fit, so evaluate the plain module
             self._model = self.accelerator.strategy.setup_module(module, wrap=False)
@@ -409,11 +429,11 @@ class Trainer:
             self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         if ckpt_path is not None:
             self._load_weights(ckpt_path)
-        return loops.eval_loop(self, stage, loader, limit)
+        return loops.eval_loop(self, stage, loaders, limits)
 
     def _eval_loader(self, loader: Any) -> Any:
         """Shard an evaluation loader without padding (every sample seen once), outside the checkpointed loaders."""
-        return self.accelerator.prepare_data_loader(loader, even_batches=False, register=False)
+        return self.accelerator.prepare_data_loader(loader, device_placement=not self._moves_batches, even_batches=False, register=False)
 
     def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
@@ -438,6 +458,7 @@ class Trainer:
         if not isinstance(module, TrainModule):
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
+        self._eval_batches_seen = {}
         setup_stage = "fit" if stage == "fit" else stage
         self.received_signal = self.agreed_signal = 0
         handlers = preemption.install(self) if stage == "fit" else {}
@@ -465,9 +486,9 @@ class Trainer:
         datamodule.setup(stage)
 
     def _teardown(self, stage: str) -> None:
-        self._dispatch.call("teardown", stage)
-        if self.datamodule is not None:
+        if self.datamodule is not None:  # Lightning's order: the datamodule, the callbacks, the module
             self.datamodule.teardown(stage)
+        self._dispatch.call("teardown", stage)
         self._end_run()
 
     def _end_run(self) -> None:
@@ -496,12 +517,21 @@ class Trainer:
         self.accelerator.backward(loss, **kwargs)
         self._dispatch.call("on_after_backward")
 
-    def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Hand `metrics` (plus ``"epoch"``) to every callback's ``on_log_metrics``; nothing while sanity checking."""
+    def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
+        """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
+        (default: `logging_step`); nothing while sanity checking."""
         if not metrics or self.sanity_checking:
             return
-        dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
-        dispatch.call_callbacks("on_log_metrics", {**metrics, "epoch": self.current_epoch}, self.global_step if step is None else step)
+        step = self.logging_step if step is None else step
+        values = {**metrics, "epoch": self.current_epoch} if epoch else dict(metrics)
+        self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, step)
+
+    def _dispatch_for_trackers(self) -> HookDispatcher:
+        return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
+
+def _one_or_list(limits: list[int]) -> int | list[int]:
+    """``num_val_batches`` and friends: the count of one loader (0 without any), or one count per loader."""
+    return limits[0] if len(limits) == 1 else (limits or 0)
 
 
 def _one_data_source(datamodule: Any, *loaders: Any) -> None:
