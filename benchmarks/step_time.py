@@ -10,6 +10,7 @@ Those fixed costs are reported separately (whole session time minus ``steps × p
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import itertools
 import os
@@ -214,17 +215,23 @@ def _module_class() -> type:
     return Module
 
 
-def trainer_fit(work: Workload, data: TensorDataset, *, defaults: bool) -> Session:
-    """`Trainer.fit` for one epoch: barebones, or with the default callbacks and ``self.log`` every step."""
+def trainer_fit(work: Workload, data: TensorDataset, *, defaults: bool, without: str = "") -> Session:
+    """`Trainer.fit` for one epoch: barebones, or with the default callbacks and ``self.log`` every step.
+
+    `without` drops one part of the defaults (``"self.log"``, ``"progress bar"``, ``"tracker"``, ``"checkpoint"``)
+    for the per-part cost breakdown.
+    """
     from trainer import Trainer
 
-    module = _module_class()(_net(work), log=defaults)
+    module = _module_class()(_net(work), log=defaults and without != "self.log")
     project = tempfile.mkdtemp(prefix="bench-trainer-")
+    off: dict[str, dict[str, Any]] = {"progress bar": {"enable_progress_bar": False}, "tracker": {"log_with": None},
+                                     "checkpoint": {"enable_checkpointing": False}}
     try:
         with _quiet():
             begin = time.perf_counter()
             if defaults:
-                trainer = Trainer(max_epochs=1, project_dir=project)
+                trainer = Trainer(max_epochs=1, project_dir=project, **off.get(without, {}))
             else:
                 trainer = Trainer(max_epochs=1, project_dir=project, enable_progress_bar=False, enable_checkpointing=False,
                                   enable_model_summary=False, log_with=None)
@@ -280,6 +287,9 @@ def contenders(work: Workload, data: TensorDataset) -> tuple[dict[str, Callable[
         "Trainer barebones": lambda: trainer_fit(work, data, defaults=False),
         "Trainer defaults + self.log": lambda: trainer_fit(work, data, defaults=True),
     }
+    if work.name == TINY.name:  # the per-part breakdown of the Trainer defaults, on the small step where it shows
+        for part in BREAKDOWN:
+            runs[f"Trainer defaults without {part}"] = functools.partial(trainer_fit, work, data, defaults=True, without=part)
     notes = []
     if importlib.util.find_spec("accelerate") is not None:
         from accelerate import Accelerator as HFAccelerator
@@ -310,6 +320,7 @@ def check_identical_weights(work: Workload) -> str:
 
 
 LIMIT = "limit: raw loop, batches by one indexed read each"
+BREAKDOWN = ("self.log", "progress bar", "tracker", "checkpoint")
 
 TARGETS = {
     ("tiny", "Accelerator"): "≤ 1.05",
@@ -366,4 +377,12 @@ def _against_limit(key: str, work: Workload, rows: dict[str, Row]) -> Section:
         copy = Row(name, row.unit, list(row.times), [t / base for t, base in zip(row.times, limit)], LIMIT_TARGETS.get((key, name), ""))
         again.append(copy)
     notes = ["The same rounds as the table above; each time divided by the limit's time in its round."]
+    defaults = rows.get("Trainer defaults + self.log")
+    parts = [(part, rows[f"Trainer defaults without {part}"]) for part in BREAKDOWN if f"Trainer defaults without {part}" in rows]
+    if defaults is not None and parts:
+        cost = {part: statistics.median(a - b for a, b in zip(defaults.times, row.times)) for part, row in parts}
+        bare = rows["Trainer barebones"]
+        own = statistics.median(a - b for a, b in zip(bare.times, limit))
+        notes.append("Per-step cost of the Trainer defaults (median over rounds of the paired differences, µs): the loop itself "
+                     f"(barebones − limit) {own:.1f}; " + "; ".join(f"{part} {value:.1f}" for part, value in cost.items()) + ".")
     return Section(f"Time per training step against the limit — {work.name}", "limit", again, notes)
