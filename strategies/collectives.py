@@ -9,7 +9,7 @@ trims; shapes that differ in any other dimension, or dtypes or device types that
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -28,8 +28,8 @@ def apply_to_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
         return type(data)(*(apply_to_tensors(fn, x) for x in data))
     if isinstance(data, (list, tuple)):
         return type(data)(apply_to_tensors(fn, x) for x in data)
-    if isinstance(data, dict):
-        return type(data)({k: apply_to_tensors(fn, v) for k, v in data.items()})
+    if isinstance(data, Mapping):  # dicts, and mappings such as transformers' BatchEncoding
+        return type(data)({k: apply_to_tensors(fn, v) for k, v in data.items()})  # type: ignore[call-arg]
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         return dataclasses.replace(data, **{f.name: apply_to_tensors(fn, getattr(data, f.name)) for f in dataclasses.fields(data) if f.init})
     return data

@@ -182,3 +182,27 @@ def test_use_stateful_dataloader_recipe_resumes_at_the_next_batch() -> None:
     assert [b.tolist() for b in resumed] == seen[2:]
     with pytest.raises(TypeError, match="use_stateful_dataloader='yes'"):
         DataLoaderConfiguration(use_stateful_dataloader="yes")  # type: ignore[arg-type]
+
+
+def test_collectives_take_mappings_dataclasses_and_numpy_numbers() -> None:
+    # what Accelerate's recursively_apply accepts: any Mapping (e.g. transformers' BatchEncoding), dataclasses
+    import collections
+    import dataclasses
+
+    import numpy as np
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+
+    class Encoding(collections.UserDict):
+        pass
+
+    acc = Accelerator(cpu=True)
+    gathered = acc.gather(Encoding({"ids": torch.arange(3)}))
+    assert isinstance(gathered, Encoding) and gathered["ids"].tolist() == [0, 1, 2]
+    assert acc.pad_across_processes(Out(torch.ones(2))).logits.tolist() == [1.0, 1.0]
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    model(torch.ones(1, 2)).sum().backward()
+    acc.clip_grad_norm_(model.parameters(), np.float32(1.0))
+    acc.clip_grad_norm_(model.parameters(), torch.tensor(1.0))

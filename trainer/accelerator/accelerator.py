@@ -17,11 +17,13 @@ unequal gathers, an inexact resume).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
+import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -442,7 +444,7 @@ class Accelerator:
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Unscale (fp16), then clip the gradient norm; returns the total norm before clipping."""
-        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (numbers.Real, torch.Tensor)):
             raise TypeError(f"max_norm={max_norm!r} must be a number, e.g. clip_grad_norm_(model.parameters(), 1.0)")
         self.unscale_gradients()
         return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -704,8 +706,10 @@ def _check_tensors(data: Any, name: str, instead: str) -> None:
         return
     if isinstance(data, (list, tuple)):
         items: Any = enumerate(data)
-    elif isinstance(data, dict):
+    elif isinstance(data, Mapping):  # dicts, and mappings such as transformers' BatchEncoding
         items = data.items()
+    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+        items = ((f.name, getattr(data, f.name)) for f in dataclasses.fields(data) if f.init)
     else:
         raise TypeError(f"{name}() takes tensors (or lists, tuples and dicts of them), got {type(data).__name__} {data!r:.60}; "
                         f"use {instead}() for other objects")
