@@ -740,7 +740,7 @@ def _only_tensors(data: Any) -> bool:
         return True
     if isinstance(data, (list, tuple)):
         return len(data) > 0 and all(_only_tensors(x) for x in data)
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         return len(data) > 0 and all(_only_tensors(v) for v in data.values())
     return False
 
