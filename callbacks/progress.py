@@ -57,9 +57,10 @@ def _to_float(value: Any) -> float | None:
 
 def _loss_of(outputs: Any) -> Any:
     """The loss inside a ``training_step`` output (a tensor, or a mapping with a ``"loss"`` key), detached."""
-    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    detach = getattr(loss, "detach", None)
-    return detach() if detach is not None else loss
+    loss: Any = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    if not getattr(loss, "requires_grad", False):
+        return loss  # already detached (the Trainer passes detached outputs), or not a tensor
+    return loss.detach()
 
 
 class ProgressBar(Callback):

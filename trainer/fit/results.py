@@ -121,6 +121,8 @@ class ResultsStore:
         self.dataloader_suffix = ""  # "/dataloader_idx_<i>" while one of several evaluation loaders runs
         self.enabled = True
         self._entries: dict[str, dict[str, _Entry]] = {}
+        # a call repeating one already checked (same name, stage, context and arguments) -> (entry, name, step key)
+        self._checked: dict[tuple[Any, ...], tuple[_Entry, str, str, bool, bool]] = {}
         self._batch: Any = None
         self._batch_size: int | None = None
         self.callback_metrics: dict[str, Any] = {}
@@ -159,6 +161,13 @@ class ResultsStore:
         add_dataloader_idx: bool = True,
     ) -> None:
         """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
+        key = (name, self.stage, self.step_context, self.epoch_end, self.dataloader_suffix, on_step, on_epoch, prog_bar, logger,
+               sync_dist, reduce_fx, batch_size, add_dataloader_idx)
+        checked = self._checked.get(key) if self.enabled and isinstance(value, torch.Tensor) and isinstance(reduce_fx, str) else None
+        if checked is not None:  # the per-step path: this exact call was validated before
+            known, full_name, known_key, known_step, known_epoch = checked
+            self._record(known, full_name, known_key, self._as_value(name, value), batch_size, known_step, known_epoch, logger, prog_bar)
+            return
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
         if not isinstance(name, str) or not name:
@@ -190,21 +199,31 @@ class ResultsStore:
                 f"self.log({name!r}, ...) was called before with on_step={entry.on_step}, on_epoch={entry.on_epoch}, "
                 f"reduce_fx={entry.reduce_fx!r}; log one name with the same settings every time, or use another name"
             )
+        step_key = entry.forked(name, "step") if on_epoch else name
         if metric is not None:
             entry.metric = metric
             value = getattr(metric, "_forward_cache", None) if on_step else None
             entry.updates += 1
-        elif on_epoch:
-            entry.accumulate(value, batch_size or (self._current_batch_size() if fx == "mean" else 1))
-        if on_step and value is not None:
+            if on_step and value is not None:
+                self._record(entry, name, step_key, value, batch_size, on_step, False, logger, prog_bar)
+            return
+        self._record(entry, name, step_key, value, batch_size, on_step, on_epoch, logger, prog_bar)
+        if isinstance(value, torch.Tensor) and isinstance(reduce_fx, str):
+            self._checked[key] = (entry, name, step_key, on_step, on_epoch)
+
+    def _record(self, entry: _Entry, name: str, step_key: str, value: Any, batch_size: int | None,
+                on_step: bool, accumulate: bool, logger: bool, prog_bar: bool) -> None:
+        """Accumulate `value` into the epoch value (`accumulate`) and keep it as the step value (`on_step`)."""
+        if accumulate:
+            entry.accumulate(value, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
+        if on_step:
             entry.step_value, entry.step_dirty = value, True
-            key = entry.forked(name, "step") if on_epoch else name
-            self.callback_metrics[key] = value
+            self.callback_metrics[step_key] = value
             self.callback_metrics[name] = value
             if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
-                self.logged_metrics[key] = value
+                self.logged_metrics[step_key] = value
             if prog_bar:
-                self.progress_bar_metrics[key] = value
+                self.progress_bar_metrics[step_key] = value
 
     def _as_value(self, name: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -213,7 +232,8 @@ class ResultsStore:
                     f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}; log a scalar "
                     "(e.g. value.mean()) or a torchmetrics Metric"
                 )
-            return value.detach().reshape(())
+            value = value.detach()
+            return value if value.dim() == 0 else value.reshape(())
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(
                 f"self.log({name!r}, ...) got a value of type {type(value).__name__}; "
@@ -351,6 +371,7 @@ class ResultsStore:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (called when a checkpoint is restored, before training resumes)."""
         entries = self._entries.setdefault("train", {})
+        self._checked.clear()
         for name, saved in (state.get("train") or {}).items():
             settings = {k: saved[k] for k in ("on_step", "on_epoch", "prog_bar", "logger", "sync_dist", "reduce_fx")}
             entry = entries[name] = _Entry(**settings)
@@ -360,6 +381,7 @@ class ResultsStore:
         """Forget all entries (a new ``fit``/``validate``/``test`` run)."""
         self.enabled, self.epoch_end = True, False
         self._entries.clear()
+        self._checked.clear()
         self.callback_metrics.clear()
         self.logged_metrics.clear()
         self.progress_bar_metrics.clear()
