@@ -22,6 +22,8 @@ _EXPORTS = {
     "DistributedDataParallelKwargs": "trainer.accelerator.config",
     "DDPKwargs": "trainer.accelerator.config",
     "DeepSpeedPlugin": "trainer.accelerator.config",
+    "PartialState": "trainer.accelerator.layout",
+    "AcceleratorState": "trainer.accelerator.layout",
     "Trainer": "trainer.fit.trainer",
     "TrainModule": "trainer.fit.module",
     "DataModule": "trainer.fit.datamodule",
