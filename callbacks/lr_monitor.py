@@ -27,7 +27,8 @@ class LearningRateMonitor(Callback):
     """Log the learning rate of every optimizer, and optionally its momentum.
 
     Names follow Lightning: ``lr-<OptimizerClass>`` (``lr-Adam``); a second optimizer of the same
-    class gets ``lr-Adam-1``; a scheduler config with a ``name`` uses that name instead; an optimizer
+    class gets ``lr-Adam-1``; a scheduler config with a ``name`` is the metric name itself (``"name": "my_lr"``
+    logs ``my_lr``, as Lightning; its momentum ``momentum-my_lr``); an optimizer
     with several parameter groups logs ``lr-Adam/pg1``, ``lr-Adam/pg2``, ... (1-based). Momentum is
     logged as ``momentum-<...>`` from ``momentum`` (SGD) or ``betas[0]`` (Adam family).
 
@@ -57,6 +58,7 @@ class LearningRateMonitor(Callback):
         self.logging_interval = logging_interval
         self.log_momentum = bool(log_momentum)
         self.names: list[list[str]] = []
+        self._custom: set[str] = set()
         self._intervals: list[str] = []
         self._last_step_logged: int | None = None
 
@@ -82,8 +84,10 @@ class LearningRateMonitor(Callback):
                 )
 
     def _names(self, optimizers: list[Any], configs: list[Any]) -> list[list[str]]:
-        """One list of metric stems per optimizer (one per parameter group), without the ``lr-`` prefix."""
+        """One list of metric stems per optimizer (one per parameter group), without the ``lr-`` prefix (custom names
+        are collected in ``self._custom``: they are logged without it)."""
         seen: dict[str, int] = {}
+        self._custom.clear()
         names = []
         for index, optimizer in enumerate(optimizers):
             config = _config_for(index, optimizer, configs)
@@ -95,6 +99,8 @@ class LearningRateMonitor(Callback):
                 stem = f"{stem}-{count}"
             groups = optimizer.param_groups
             names.append([stem] if len(groups) == 1 else [f"{stem}/pg{i + 1}" for i in range(len(groups))])
+            if custom:
+                self._custom.update(names[-1])
         return names
 
     def _interval_of(self, index: int, optimizer: Any, configs: list[Any]) -> str:
@@ -111,7 +117,7 @@ class LearningRateMonitor(Callback):
             if opt_interval != interval:
                 continue
             for stem, group in zip(stems, optimizer.param_groups):
-                values[f"lr-{stem}"] = float(group["lr"])
+                values[stem if stem in self._custom else f"lr-{stem}"] = float(group["lr"])
                 momentum = _momentum(group) if self.log_momentum else None
                 if momentum is not None:
                     values[f"momentum-{stem}"] = momentum

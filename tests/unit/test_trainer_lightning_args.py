@@ -147,3 +147,27 @@ def test_use_distributed_sampler_false_in_one_process_reads_the_loader_as_is(tmp
     trainer = Trainer(project_dir=tmp_path, max_epochs=1, use_distributed_sampler=False, num_sanity_val_steps=0, **QUIET)
     trainer.fit(module)
     assert module.train_firsts == [round(i * 16 / 32, 4) for i in range(8)] and trainer.num_val_batches == 4
+
+
+class Named(Recorder):
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1), "name": "my_lr"}}
+
+
+def test_trainer_logger_and_a_named_schedulers_metric(tmp_path: Any) -> None:
+    from callbacks.lr_monitor import LearningRateMonitor
+    from callbacks.trackers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="run")
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2, limit_train_batches=2, logger=logger, callbacks=[LearningRateMonitor()],
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    assert trainer.logger is logger and trainer.loggers == [logger]
+    module = Named()
+    trainer.fit(module)
+    assert module.logger is logger and module.loggers == [logger]
+    header = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "my_lr" in header and "lr-my_lr" not in header  # Lightning: a scheduler's "name" is the metric name
+    default = Trainer(project_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False)
+    assert default.logger.log_dir == str(tmp_path / "logs" / "default")  # before its run starts
+    assert Trainer(project_dir=tmp_path, **QUIET).logger is None

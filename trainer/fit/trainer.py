@@ -269,6 +269,19 @@ class Trainer:
         return next((cb for cb in self.callbacks if type(cb).__name__ == "ModelCheckpoint"), None)
 
     @property
+    def loggers(self) -> list[Any]:
+        """The trackers among the callbacks (Lightning's ``trainer.loggers``: ``CSVLogger``, ``TensorBoardLogger``, ...)."""
+        from callbacks.trackers import GeneralTracker
+
+        return [cb for cb in self.callbacks if isinstance(cb, GeneralTracker)]
+
+    @property
+    def logger(self) -> Any:
+        """The first tracker (Lightning's ``trainer.logger``), or None without trackers."""
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    @property
     def log_dir(self) -> str:
         """The directory of the first file-based tracker's run (``<project_dir>/logs`` before it starts)."""
         for cb in self.callbacks:
