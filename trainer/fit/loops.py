@@ -422,10 +422,10 @@ def unshuffled(loader: Any, kind: str) -> Any:
             or isinstance(loader.dataset, torch.utils.data.IterableDataset)):
         return loader
     warnings.warn(f"overfit_batches reads the {kind} dataloader in order: its shuffling is turned off (as Lightning does)", stacklevel=4)
+    from strategies.data import _carried_kwargs
+
     return torch.utils.data.DataLoader(
-        loader.dataset, batch_size=loader.batch_size, shuffle=False, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers,
+        loader.dataset, batch_size=loader.batch_size, shuffle=False, drop_last=loader.drop_last, **_carried_kwargs(loader)
     )
 
 
