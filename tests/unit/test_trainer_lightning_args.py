@@ -171,3 +171,22 @@ def test_trainer_logger_and_a_named_schedulers_metric(tmp_path: Any) -> None:
     default = Trainer(project_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False)
     assert default.logger.log_dir == str(tmp_path / "logs" / "default")  # before its run starts
     assert Trainer(project_dir=tmp_path, **QUIET).logger is None
+
+
+class NamedGroups(Recorder):
+    def configure_optimizers(self) -> Any:
+        groups = [{"params": self.net[0].parameters(), "name": "encoder"}, {"params": [*self.net[1].parameters(), *self.net[2].parameters()]}]
+        return torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+
+
+def test_lr_monitor_names_param_groups_and_momentum_as_lightning(tmp_path: Any) -> None:
+    from callbacks.lr_monitor import LearningRateMonitor
+    from callbacks.trackers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="run")
+    trainer = Trainer(project_dir=tmp_path, max_epochs=1, limit_train_batches=2, logger=logger, num_sanity_val_steps=0, log_every_n_steps=1,
+                      callbacks=[LearningRateMonitor(log_momentum=True)], enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False)
+    trainer.fit(NamedGroups())
+    header = set((tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(","))
+    assert {"lr-SGD/encoder", "lr-SGD/pg2", "lr-SGD/encoder-momentum", "lr-SGD/pg2-momentum"} <= header
