@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from callbacks.base import Callback
 from trainer.fit.args import _check_num_nodes
 from trainer.fit.module import TrainModule
 from trainer.fit.trainer import Trainer
@@ -125,12 +126,22 @@ def test_benchmark_sets_cudnn_benchmark_and_none_leaves_it(tmp_path: Any) -> Non
 
 
 def test_simple_profiler_times_the_main_actions_and_prints_a_summary(tmp_path: Any, capsys: Any) -> None:
-    trainer = Trainer(project_dir=tmp_path, max_epochs=2, limit_train_batches=3, profiler="simple", **QUIET)
-    trainer.fit(Recorder(shuffle=False))
+    class Timing(Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            pass
+
+    class Profiled(Recorder):
+        def on_train_epoch_end(self) -> None:
+            pass
+
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2, limit_train_batches=3, profiler="simple", callbacks=[Timing()], **QUIET)
+    trainer.fit(Profiled(shuffle=False))
     recorded = trainer.profiler.recorded  # type: ignore[union-attr]
-    counts = {name: len(times) for name, times in recorded.items()}
+    counts = {name: len(times) for name, times in recorded.items() if not name.startswith("[")}
     assert counts == {"train_dataloader_next": 6, "training_step": 6, "backward": 6, "optimizer_step": 6, "validation": 2,
                       "run_training_epoch": 2}
+    hooks = {name: len(times) for name, times in recorded.items() if name.startswith("[")}
+    assert hooks == {"[Callback]Timing.on_train_batch_end": 6, "[LightningModule]Profiled.on_train_epoch_end": 2}
     out = capsys.readouterr().out
     assert "Profiler report (profiler='simple')" in out and "training_step" in out
     assert Trainer(project_dir=tmp_path, **QUIET).profiler is None

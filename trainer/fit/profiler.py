@@ -1,19 +1,23 @@
-"""``Trainer(profiler="simple")``: wall time of the main actions of a ``fit``, as Lightning's ``SimpleProfiler``.
+"""``Trainer(profiler="simple")``: wall time of the main actions and hooks of a ``fit``, as Lightning's ``SimpleProfiler``.
 
     trainer = Trainer(profiler="simple")
     trainer.fit(module)          # prints the summary at the end of fit (main process)
-    trainer.profiler.recorded    # {"training_step": [0.0012, ...], ...}
+    trainer.profiler.recorded    # {"training_step": [0.0012, ...], "[Callback]ModelCheckpoint.on_train_epoch_end": [...], ...}
 
-The loops time only through `profile`, which returns a shared no-op context when the profiler is off, so the
-default per-step path does not read the clock.
+The loops time actions only through `profile`, which returns a shared no-op context when the profiler is off, and
+hooks through `ProfiledDispatcher`, used instead of `HookDispatcher` only when the profiler is on: the default
+per-step path does not read the clock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from callbacks.base import Callback
+from trainer.fit.dispatch import HookDispatcher
 
 _OFF = contextlib.nullcontext()
 
@@ -55,3 +59,25 @@ def profile(trainer: Any, action: str) -> Any:
     """A context timing `action` when ``trainer.profiler`` is on; a shared no-op context otherwise."""
     profiler = trainer.profiler
     return _OFF if profiler is None else profiler.time(action)
+
+
+class ProfiledDispatcher(HookDispatcher):
+    """A `HookDispatcher` that times each hook it calls, named as Lightning's profiler names them
+    (``[Callback]ModelCheckpoint.on_validation_end``, ``[LightningModule]Model.on_train_epoch_end``)."""
+
+    def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: Any, profiler: SimpleProfiler) -> None:
+        super().__init__(module, module_base, callbacks, owner)
+        name = type(module).__name__
+        self._module_hooks = {event: _timed(profiler, f"[LightningModule]{name}.{event}", hook) for event, hook in self._module_hooks.items()}
+        self._callback_hooks = {
+            event: [(cb, _timed(profiler, f"[Callback]{type(cb).__name__}.{event}", method)) for cb, method in hooks]
+            for event, hooks in self._callback_hooks.items()
+        }
+
+
+def _timed(profiler: SimpleProfiler, action: str, hook: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any) -> Any:
+        with profiler.time(action):
+            return hook(*args)
+
+    return timed

@@ -27,7 +27,7 @@ from trainer.fit import loops, preemption
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
-from trainer.fit.profiler import SimpleProfiler, profile
+from trainer.fit.profiler import ProfiledDispatcher, SimpleProfiler, profile
 from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
 
@@ -89,7 +89,7 @@ class Trainer:
             always use ``no_grad``).
         detect_anomaly: run ``fit`` under ``torch.autograd.detect_anomaly()``.
         benchmark: set ``torch.backends.cudnn.benchmark`` (None leaves it as it is).
-        profiler: ``"simple"`` times the main actions of ``fit`` and prints a summary at its end; None: off.
+        profiler: ``"simple"`` times the main actions and the hooks of ``fit`` and prints a summary at its end; None: off.
     """
 
     def __init__(
@@ -586,7 +586,10 @@ class Trainer:
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
         self._results.reset()
-        self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
+        if self.profiler is not None:
+            self._dispatch = ProfiledDispatcher(module, TrainModule, self.callbacks, self, self.profiler)
+        else:
+            self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
 
     def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward for manual optimization, between ``on_before_backward``/``on_after_backward`` as in automatic optimization.
