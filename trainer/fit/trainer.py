@@ -68,7 +68,7 @@ class Trainer:
         deterministic: use deterministic algorithms.
         process_group_timeout: seconds a collective may wait for a missing process.
         accelerator: Lightning's device choice: ``"auto"``, ``"cpu"`` (forces the CPU), ``"gpu"``/``"cuda"``,
-            ``"mps"`` (each refused with an error when that device is missing); ``"tpu"`` is not available.
+            ``"mps"`` (each refused with an error when that device is missing); ``"tpu"`` runs ``strategy="xla"`` (it needs torch_xla).
         default_root_dir: Lightning's name for `project_dir`.
         logger: Lightning's switch for the trackers: ``True`` (the default CSV tracker), ``False`` (none), a
             tracker object or a list of them (the same as `log_with`).
