@@ -27,9 +27,10 @@ class LearningRateMonitor(Callback):
     """Log the learning rate of every optimizer, and optionally its momentum.
 
     Names follow Lightning: ``lr-<OptimizerClass>`` (``lr-Adam``); a second optimizer of the same
-    class gets ``lr-Adam-1``; a scheduler config with a ``name`` uses that name instead; an optimizer
-    with several parameter groups logs ``lr-Adam/pg1``, ``lr-Adam/pg2``, ... (1-based). Momentum is
-    logged as ``momentum-<...>`` from ``momentum`` (SGD) or ``betas[0]`` (Adam family).
+    class gets ``lr-Adam-1``; a scheduler config with a ``name`` is the metric name itself (``"name": "my_lr"``
+    logs ``my_lr``); an optimizer with several parameter groups logs ``lr-Adam/pg1``, ``lr-Adam/pg2``, ...
+    (1-based), or ``lr-Adam/<name>`` for a group with a ``"name"``. Momentum is logged as ``<lr name>-momentum``
+    (``lr-Adam-momentum``) from ``momentum`` (SGD) or ``betas[0]`` (Adam family).
 
     The values go through ``trainer.log_metrics`` to every tracker at ``trainer.logging_step`` (the step of the
     ``self.log`` values of the same batch), without an ``epoch`` value, as Lightning's monitor writes them.
@@ -82,7 +83,7 @@ class LearningRateMonitor(Callback):
                 )
 
     def _names(self, optimizers: list[Any], configs: list[Any]) -> list[list[str]]:
-        """One list of metric stems per optimizer (one per parameter group), without the ``lr-`` prefix."""
+        """One list of learning-rate metric names per optimizer (one per parameter group), as Lightning names them."""
         seen: dict[str, int] = {}
         names = []
         for index, optimizer in enumerate(optimizers):
@@ -94,7 +95,11 @@ class LearningRateMonitor(Callback):
             if count:
                 stem = f"{stem}-{count}"
             groups = optimizer.param_groups
-            names.append([stem] if len(groups) == 1 else [f"{stem}/pg{i + 1}" for i in range(len(groups))])
+            stem = stem if custom else f"lr-{stem}"
+            if len(groups) == 1:
+                names.append([f"{stem}/{groups[0]['name']}" if groups[0].get("name") else stem])
+            else:
+                names.append([f"{stem}/{group.get('name', f'pg{i + 1}')}" for i, group in enumerate(groups)])
         return names
 
     def _interval_of(self, index: int, optimizer: Any, configs: list[Any]) -> str:
@@ -111,10 +116,10 @@ class LearningRateMonitor(Callback):
             if opt_interval != interval:
                 continue
             for stem, group in zip(stems, optimizer.param_groups):
-                values[f"lr-{stem}"] = float(group["lr"])
+                values[stem] = float(group["lr"])
                 momentum = _momentum(group) if self.log_momentum else None
                 if momentum is not None:
-                    values[f"momentum-{stem}"] = momentum
+                    values[f"{stem}-momentum"] = momentum
         return values
 
     def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:

@@ -51,6 +51,11 @@ class CSVTracker(GeneralTracker):
         return self
 
     @property
+    def log_dir(self) -> str:
+        """The run's folder, as Lightning's ``trainer.logger.log_dir`` (``<project_dir>/logs/<run_name>`` before the run starts)."""
+        return str(self.run_dir) if self.run_dir is not None else str(Path(self.resolved_logging_dir()) / "logs" / (self.run_name or "default"))
+
+    @property
     def metrics_file(self) -> Path | None:
         """Path of ``metrics.csv`` (``None`` before `start`)."""
         return None if self.run_dir is None else self.run_dir / "metrics.csv"

@@ -269,3 +269,59 @@ def test_devices_2_in_a_plain_script_relaunches_it_on_two_processes(strategy: st
     results = sorted(re.findall(r"RESULT rank=(\d) world=(\d) steps=(\d+) weight=(\[[^\]]*\])", done.stdout + done.stderr))
     assert [r[:3] for r in results] == [("0", "2", "2"), ("1", "2", "2")], done.stdout[-3000:] + done.stderr[-3000:]
     assert results[0][3] == results[1][3]  # one model, synchronized
+
+
+class BatchRecorder(TrainModule):
+    """Records the first value of every training batch; predicts its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(1, 1)
+        self.firsts: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        (x,) = batch
+        self.firsts.append(float(x[0, 0]))
+        return self.layer(x).pow(2).mean()
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        return batch[0]
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _lightning_argument_checks(tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    data = TensorDataset(torch.arange(16, dtype=torch.float32).view(16, 1))
+    # use_distributed_sampler=False: every process reads the whole loader; num_nodes=1 agrees with 2 processes on one machine
+    trainer = _trainer(tmp, max_epochs=1, use_distributed_sampler=False, num_nodes=1)
+    module = BatchRecorder()
+    trainer.fit(module, DataLoader(data, batch_size=2))
+    out["unsharded"] = (trainer.num_training_batches, trainer.global_step, module.firsts, module.layer.weight.item())
+    out["unsharded_predict"] = torch.cat(trainer.predict(module, DataLoader(data, batch_size=4))).flatten().tolist()
+    # overfit_batches: the first batches of this process's shard, in order, every epoch
+    trainer = _trainer(tmp, max_epochs=2, overfit_batches=2)
+    module = BatchRecorder()
+    trainer.fit(module, DataLoader(data, batch_size=2, shuffle=True))
+    out["overfit"] = module.firsts
+    for name, kwargs in (("num_nodes", {"num_nodes": 2}), ("sync_batchnorm", {"sync_batchnorm": True})):
+        try:
+            _trainer(tmp, **kwargs)
+            out[name] = None
+        except ValueError as err:
+            out[name] = str(err)
+    return out
+
+
+def test_lightning_arguments_on_two_processes(tmp_path: Any) -> None:
+    ranks = run_distributed(_lightning_argument_checks, str(tmp_path), nprocs=2, timeout=240)
+    for rank, out in enumerate(ranks):
+        batches, steps, firsts, _ = out["unsharded"]
+        assert (batches, steps) == (8, 8) and firsts == [float(2 * i) for i in range(8)]  # the whole loader on each process
+        assert out["unsharded_predict"] == [float(i) for i in range(16)]  # this process's own outputs, not gathered
+        assert out["overfit"] == [float(2 * rank), float(4 + 2 * rank)] * 2  # its shard's first 2 batches, unshuffled
+        assert "num_nodes=2 but the launcher started 2 processes, 2 per machine" in out["num_nodes"]
+        assert "sync_batchnorm=True on 2 CPU processes" in out["sync_batchnorm"]
+    assert ranks[0]["unsharded"][3] == ranks[1]["unsharded"][3]  # DDP still averages the (equal) gradients

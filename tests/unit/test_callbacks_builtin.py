@@ -282,7 +282,7 @@ def test_lr_monitor_logs_the_scheduled_learning_rate_each_step(tmp_path):
     assert [step for step, _ in lrs] == [0, 1, 2, 3, 4]
     for step, lr in lrs:
         assert lr == pytest.approx(0.1 * 0.5**step)
-    assert {value for _, value in recorder.values("momentum-SGD")} == {0.9}
+    assert {value for _, value in recorder.values("lr-SGD-momentum")} == {0.9}
     assert trainer.logged_metrics["lr-SGD"] == pytest.approx(0.1 * 0.5**4)
 
 

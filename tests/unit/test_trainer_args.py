@@ -40,6 +40,18 @@ QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_mo
         ({"process_group_timeout": 0}, ValueError, "process_group_timeout=0 must be a positive number"),
         ({"project_dir": 3}, TypeError, "project_dir=3 must be a path"),
         ({"log_with": "no-such-tracker"}, ValueError, "log_with='no-such-tracker' is not a known tracker"),
+        ({"num_nodes": 0}, ValueError, "num_nodes=0 must be an int >= 1"),
+        ({"num_nodes": 2}, ValueError, "num_nodes=2 but this is one process, not started by a launcher: 1 machine"),
+        ({"overfit_batches": -1}, ValueError, "overfit_batches=-1 must be None"),
+        ({"overfit_batches": 1.5}, ValueError, "overfit_batches=1.5"),
+        ({"overfit_batches": 2, "limit_val_batches": 3}, ValueError, "overfit_batches=2 sets limit_train_batches and limit_val_batches"),
+        ({"sync_batchnorm": 1}, TypeError, "sync_batchnorm=1 must be True or False"),
+        ({"use_distributed_sampler": None}, TypeError, "use_distributed_sampler=None must be True or False"),
+        ({"reload_dataloaders_every_n_epochs": -1}, ValueError, "reload_dataloaders_every_n_epochs=-1 must be an int >= 0"),
+        ({"inference_mode": "yes"}, TypeError, "inference_mode='yes' must be True or False"),
+        ({"detect_anomaly": None}, TypeError, "detect_anomaly=None must be True or False"),
+        ({"benchmark": "on"}, TypeError, "benchmark='on' must be True, False or None"),
+        ({"profiler": "advanced"}, ValueError, "profiler='advanced' is not supported; choose one of None, 'simple'"),
     ],
 )
 def test_bad_values_are_refused_at_construction(kwargs: dict[str, Any], error: type, match: str, tmp_path: Any) -> None:

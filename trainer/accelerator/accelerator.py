@@ -317,7 +317,8 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(
-        self, data_loader: Any, device_placement: bool | None = None, *, even_batches: bool | None = None, register: bool = True
+        self, data_loader: Any, device_placement: bool | None = None, *, even_batches: bool | None = None, register: bool = True,
+        shard: bool = True,
     ) -> Any:
         """Shard `data_loader` across the processes.
 
@@ -328,6 +329,8 @@ class Accelerator:
                 ``False`` leaves it short, so each sample is seen exactly once (evaluation).
             register: track the loader for ``save_state``/``load_state`` and for syncing gradients at its end;
                 ``False`` for loaders outside the training loop (evaluation).
+            shard: ``False`` gives every process the whole loader (the Trainer's ``use_distributed_sampler=False``);
+                batches are still moved to the device and a shuffling loader shuffles alike on every process.
         """
         from strategies.data import DataLoaderShard, prepare_data_loader
 
@@ -342,9 +345,9 @@ class Accelerator:
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            split_batches=self.split_batches,
+            num_processes=self.num_processes if shard else 1,
+            process_index=self.process_index if shard else 0,
+            split_batches=self.split_batches and shard,
             even_batches=self.even_batches if even_batches is None else bool(even_batches),
             put_on_device=self.device_placement if device_placement is None else device_placement,
             non_blocking=self.dataloader_config.non_blocking,

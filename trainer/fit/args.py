@@ -50,6 +50,15 @@ class TrainerArgs:
     accelerator: str = "auto"
     fast_dev_run: int = 0
     on_nonfinite: str | None = None
+    num_nodes: int = 1
+    overfit_batches: int | float = 0
+    sync_batchnorm: bool = False
+    use_distributed_sampler: bool = True
+    reload_dataloaders_every_n_epochs: int = 0
+    inference_mode: bool = True
+    detect_anomaly: bool = False
+    benchmark: bool | None = None
+    profiler: str | None = None
     launch_processes: bool = False
 
 
@@ -73,7 +82,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
     from strategies import STRATEGIES, Strategy, normalize_precision
 
-    kw = _lightning_names(_fast_dev_run(kw))
+    kw = _lightning_names(_overfit_batches(_fast_dev_run(kw)))
     strategy = kw["strategy"]
     if not isinstance(strategy, Strategy):
         if not isinstance(strategy, str) or strategy.lower() not in STRATEGIES:
@@ -135,12 +144,54 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
     if kw["on_nonfinite"] not in (None, "skip", "stop"):
         raise ValueError(f"on_nonfinite={kw['on_nonfinite']!r} must be None, 'skip' or 'stop'")
+    _check_int("num_nodes", kw["num_nodes"], 1)
+    _check_num_nodes(kw["num_nodes"])
+    for name in ("sync_batchnorm", "use_distributed_sampler", "inference_mode", "detect_anomaly"):
+        if not isinstance(kw[name], bool):
+            raise TypeError(f"{name}={kw[name]!r} must be True or False")
+    if kw["benchmark"] is not None and not isinstance(kw["benchmark"], bool):
+        raise TypeError(f"benchmark={kw['benchmark']!r} must be True, False or None (leave torch.backends.cudnn.benchmark as it is)")
+    _check_int("reload_dataloaders_every_n_epochs", kw["reload_dataloaders_every_n_epochs"], 0, hint=" (0: never reload)")
+    if kw["profiler"] not in _PROFILERS:
+        raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}")
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
     return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))
 
 
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+_PROFILERS = (None, "simple")
+
+
+def _overfit_batches(kw: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's ``overfit_batches``: N batches (or a fraction) of the train loader, unshuffled, every epoch, and as
+    many of the validation loader; it sets ``limit_train_batches`` and ``limit_val_batches``, so it cannot go with them."""
+    value = kw["overfit_batches"]
+    if value == 0 and not isinstance(value, bool):
+        return {**kw, "overfit_batches": 0}
+    _check_limit("overfit_batches", value)
+    given = [name for name in ("limit_train_batches", "limit_val_batches") if kw[name] is not None]
+    if given and not kw["fast_dev_run"]:
+        raise ValueError(f"overfit_batches={value!r} sets limit_train_batches and limit_val_batches, but {given[0]}={kw[given[0]]!r} "
+                         "was passed too; pass one of them")
+    if kw["fast_dev_run"]:  # as Lightning: fast_dev_run wins
+        return kw
+    return {**kw, "limit_train_batches": value, "limit_val_batches": value}
+
+
+def _check_num_nodes(num_nodes: int) -> None:
+    """Lightning's ``num_nodes`` (machines): here the launcher sets the layout, so it must agree with what was launched."""
+    from strategies.environment import detect_environment
+
+    cluster = detect_environment()
+    nodes = max(1, cluster.world_size // max(1, cluster.local_world_size))
+    if num_nodes != nodes:
+        how = (f"the launcher started {cluster.world_size} processes, {cluster.local_world_size} per machine ({cluster.source})"
+               if cluster.is_distributed else "this is one process, not started by a launcher")
+        raise ValueError(
+            f"num_nodes={num_nodes} but {how}: {nodes} machine(s). The launcher sets the layout: pass num_nodes={nodes} (or leave "
+            f"it out), or start the script on {num_nodes} machines with `trainer launch --num_machines {num_nodes} ...`, torchrun or SLURM"
+        )
 
 
 def _fast_dev_run(kw: dict[str, Any]) -> dict[str, Any]:

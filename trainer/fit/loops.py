@@ -21,6 +21,7 @@ import torch
 
 from trainer.fit import preemption
 from trainer.fit.module import TrainModule
+from trainer.fit.profiler import profile
 from trainer.fit.transfer import moves_batches_itself, transfer_batch
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         _validate(trainer, val_loaders)
     _close_stepping_batch(state)
     for batch_idx in range(start, trainer.num_training_batches):
-        batch = next(batches, _MISSING)
+        with profile(trainer, "train_dataloader_next"):
+            batch = next(batches, _MISSING)
         if batch is _MISSING:
             break
         state["validation_pending"] = bool(val_loaders) and _validation_due(trainer, batch_idx)  # saved by checkpoints
@@ -108,7 +110,8 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
 
 def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     trainer.fit_loop_state["validation_pending"] = False  # a checkpoint written during the validation is past it
-    eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)
+    with profile(trainer, "validation"):
+        eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)
     trainer.attached_module.train()
 
 
@@ -181,14 +184,14 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
     trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
     if not module.automatic_optimization:
         acc.sync_gradients = True
-        with acc.strategy.precision.forward_context():
+        with acc.strategy.precision.forward_context(), profile(trainer, "training_step"):
             output = module.training_step(batch, batch_idx)
         stop = agree_flags(trainer, False)[1]
     else:
         boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches
         acc.sync_gradients = boundary
         with contextlib.nullcontext() if boundary else acc.no_sync(trainer._model):
-            with acc.strategy.precision.forward_context():
+            with acc.strategy.precision.forward_context(), profile(trainer, "training_step"):
                 output = acc.strategy.call_through(trainer._model, module, "training_step", batch, batch_idx)
             loss = _loss_of(output)
             check = trainer._args.on_nonfinite is not None and loss is not None
@@ -209,12 +212,14 @@ def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
                 _zero_grad(trainer)
             if not skip:
                 trainer._dispatch.call("on_before_backward", loss)
-                acc.backward(loss)
+                with profile(trainer, "backward"):
+                    acc.backward(loss)
                 trainer._dispatch.call("on_after_backward")
                 state["accumulated"] += 1
         state["accumulation_position"] = 0 if boundary else state["accumulation_position"] + 1
         if boundary and state["accumulated"]:
-            optimizer_step(trainer)
+            with profile(trainer, "optimizer_step"):
+                optimizer_step(trainer)
     state["batches_done_in_epoch"] = batch_idx + 1
     # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
     state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
@@ -344,7 +349,9 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     results.set_context(stage, False)
     results.enabled = stage != "predict"
     predictions: list[list[tuple[int, int, Any]]] = [[] for _ in loaders]
-    with torch.no_grad(), gathered:
+    # Lightning's inference_mode=True; a sharded strategy's gathers and XLA need plain no_grad
+    no_grad = torch.inference_mode if trainer._args.inference_mode and not strategy.sharded and strategy.name != "xla" else torch.no_grad
+    with no_grad(), gathered:
         call(f"on_{stage}_start")
         call(f"on_{stage}_epoch_start")
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
@@ -394,7 +401,7 @@ def _of_loader(metrics: dict[str, float], dataloader_idx: int) -> dict[str, floa
 
 def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:
     """Predictions of every process in dataset order (batches are dealt round-robin to processes)."""
-    if trainer.world_size > 1:
+    if trainer.world_size > 1 and trainer._args.use_distributed_sampler:  # unsharded: each process predicted everything
         local = trainer.accelerator.gather_object(local)
     return [output for _, _, output in sorted(local, key=lambda item: (item[0], item[1]))]
 
@@ -407,6 +414,19 @@ def limit_batches(num_batches: int, limit: int | float | None) -> int:
     if isinstance(limit, float):
         return max(1, int(num_batches * limit)) if limit > 0 and num_batches else 0
     return min(num_batches, limit)
+
+
+def unshuffled(loader: Any, kind: str) -> Any:
+    """``overfit_batches``: the same loader reading its data set in order (a shuffling one is rebuilt, with a warning, as Lightning)."""
+    if (isinstance(loader.sampler, torch.utils.data.SequentialSampler) or loader.batch_size is None
+            or isinstance(loader.dataset, torch.utils.data.IterableDataset)):
+        return loader
+    warnings.warn(f"overfit_batches reads the {kind} dataloader in order: its shuffling is turned off (as Lightning does)", stacklevel=4)
+    from strategies.data import _carried_kwargs
+
+    return torch.utils.data.DataLoader(
+        loader.dataset, batch_size=loader.batch_size, shuffle=False, drop_last=loader.drop_last, **_carried_kwargs(loader)
+    )
 
 
 def overrides(module: TrainModule, name: str) -> bool:

@@ -233,6 +233,16 @@ class TrainModule(nn.Module):
         return self._trainer.global_step if self._trainer is not None else 0
 
     @property
+    def logger(self) -> Any:
+        """The trainer's first tracker (Lightning's ``self.logger``), or None."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        """The trainer's trackers (Lightning's ``self.loggers``)."""
+        return self._trainer.loggers if self._trainer is not None else []
+
+    @property
     def global_rank(self) -> int:
         """This process's rank among all processes (0 outside a run), as in Lightning."""
         return int(self._trainer.global_rank) if self._trainer is not None else 0

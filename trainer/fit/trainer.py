@@ -12,6 +12,7 @@ the `Accelerator`'s; nothing here reimplements them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -26,6 +27,7 @@ from trainer.fit import loops, preemption
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
+from trainer.fit.profiler import ProfiledDispatcher, SimpleProfiler, profile
 from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
 
@@ -66,7 +68,7 @@ class Trainer:
         deterministic: use deterministic algorithms.
         process_group_timeout: seconds a collective may wait for a missing process.
         accelerator: Lightning's device choice: ``"auto"``, ``"cpu"`` (forces the CPU), ``"gpu"``/``"cuda"``,
-            ``"mps"`` (each refused with an error when that device is missing); ``"tpu"`` is not available.
+            ``"mps"`` (each refused with an error when that device is missing); ``"tpu"`` runs ``strategy="xla"`` (it needs torch_xla).
         default_root_dir: Lightning's name for `project_dir`.
         logger: Lightning's switch for the trackers: ``True`` (the default CSV tracker), ``False`` (none), a
             tracker object or a list of them (the same as `log_with`).
@@ -75,6 +77,19 @@ class Trainer:
         on_nonfinite: what a NaN/inf training loss does (automatic optimization): None (nothing is checked),
             ``"skip"`` (every process skips that batch: no backward, no step; counted in ``trainer.nonfinite_skipped``)
             or ``"stop"`` (every process raises `FloatingPointError` naming the step and the first non-finite parameter).
+        num_nodes: Lightning's machine count. The launcher sets the layout; this must agree with it (an error otherwise).
+        overfit_batches: train on the first N batches (int) or fraction (float) of the train loader every epoch, in
+            order (a shuffling loader is read unshuffled, with a warning), and validate on as many validation batches.
+        sync_batchnorm: convert ``BatchNorm*d`` layers to ``SyncBatchNorm`` before the module is wrapped (several
+            processes on GPUs; nothing to do in one process).
+        use_distributed_sampler: ``True`` shards the train and evaluation loaders across processes; ``False`` gives
+            every process the whole loader, as passed.
+        reload_dataloaders_every_n_epochs: call ``train_dataloader()``/``val_dataloader()`` again every N epochs (0: never).
+        inference_mode: evaluate under ``torch.inference_mode()`` (``False``: ``torch.no_grad()``; sharded strategies
+            always use ``no_grad``).
+        detect_anomaly: run ``fit`` under ``torch.autograd.detect_anomaly()``.
+        benchmark: set ``torch.backends.cudnn.benchmark`` (None leaves it as it is).
+        profiler: ``"simple"`` times the main actions and the hooks of ``fit`` and prints a summary at its end; None: off.
     """
 
     def __init__(
@@ -110,6 +125,15 @@ class Trainer:
         logger: Any = None,
         fast_dev_run: bool | int = False,
         on_nonfinite: str | None = None,
+        num_nodes: int = 1,
+        overfit_batches: int | float = 0,
+        sync_batchnorm: bool = False,
+        use_distributed_sampler: bool = True,
+        reload_dataloaders_every_n_epochs: int = 0,
+        inference_mode: bool = True,
+        detect_anomaly: bool = False,
+        benchmark: bool | None = None,
+        profiler: str | None = None,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
@@ -143,6 +167,9 @@ class Trainer:
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
         self._val_limits: list[int] = []  # validation batches per loader of the running fit
         self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
+        self.profiler: SimpleProfiler | None = SimpleProfiler() if args.profiler == "simple" else None
+        if args.benchmark is not None:
+            torch.backends.cudnn.benchmark = args.benchmark
         if args.seed is not None:
             from trainer.utils import set_seed
 
@@ -151,6 +178,11 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.accelerator: Any = None if args.launch_processes else build_accelerator(args)
         self.accumulate_grad_batches = self.accelerator.gradient_accumulation_steps if self.accelerator else args.accumulate_grad_batches
+        if args.sync_batchnorm and self.accelerator is not None and self.world_size > 1 and self.accelerator.device.type == "cpu":
+            raise ValueError(
+                f"sync_batchnorm=True on {self.world_size} CPU processes: torch's SyncBatchNorm runs on GPUs only; "
+                "pass sync_batchnorm=False (each process normalizes its own batch) or run on GPUs"
+            )
         self.callbacks: list[Callback] = order_callbacks(default_callbacks(args))
         self._dispatch = HookDispatcher(None, TrainModule, self.callbacks, self)  # replaced with the module's in _attach
         self._results = ResultsStore(
@@ -237,6 +269,19 @@ class Trainer:
         return next((cb for cb in self.callbacks if type(cb).__name__ == "ModelCheckpoint"), None)
 
     @property
+    def loggers(self) -> list[Any]:
+        """The trackers among the callbacks (Lightning's ``trainer.loggers``: ``CSVLogger``, ``TensorBoardLogger``, ...)."""
+        from callbacks.trackers import GeneralTracker
+
+        return [cb for cb in self.callbacks if isinstance(cb, GeneralTracker)]
+
+    @property
+    def logger(self) -> Any:
+        """The first tracker (Lightning's ``trainer.logger``), or None without trackers."""
+        loggers = self.loggers
+        return loggers[0] if loggers else None
+
+    @property
     def log_dir(self) -> str:
         """The directory of the first file-based tracker's run (``<project_dir>/logs`` before it starts)."""
         for cb in self.callbacks:
@@ -309,7 +354,13 @@ class Trainer:
         _one_data_source(datamodule, train_dataloaders, val_dataloaders)
         if self.accelerator is None:
             launch_processes(self._args)
-        self._run("fit", module, lambda: self._fit(module, train_dataloaders, val_dataloaders, ckpt_path), datamodule)
+        if self.profiler is not None:
+            self.profiler.reset()
+        anomaly = torch.autograd.detect_anomaly() if self._args.detect_anomaly else contextlib.nullcontext()
+        with anomaly:
+            self._run("fit", module, lambda: self._fit(module, train_dataloaders, val_dataloaders, ckpt_path), datamodule)
+        if self.profiler is not None and self.is_global_zero:
+            print(self.profiler.summary())
 
     def validate(
         self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
@@ -341,19 +392,7 @@ class Trainer:
         self._warned_skip = False
         self.nonfinite_skipped = 0
         self._moves_batches = moves_batches_itself(self)
-        given = loops.loader_from(module, "train", train_dataloaders, required=True)
-        if len(given) == 0:
-            raise ValueError(
-                f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
-                f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
-            )
-        self._train_loader = self.accelerator.prepare(given, device_placement=[not self._moves_batches])
-        self.num_training_batches = loops.limit_batches(len(self._train_loader), self._args.limit_train_batches)
-        if self.num_training_batches == 0:
-            warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=3)
-        val_loaders = self._fit_val_loaders(module, val_dataloaders)
-        self._val_limits = [loops.limit_batches(len(loader), self._args.limit_val_batches) for loader in val_loaders or []]
-        self.num_val_batches = _one_or_list(self._val_limits)
+        val_loaders = self._fit_loaders(module, train_dataloaders, val_dataloaders)
         self._configure_optimizers(module)
         self._restore(ckpt_path)
         self._dispatch.call("on_fit_start")
@@ -362,13 +401,44 @@ class Trainer:
             loops.sanity_check(self, val_loaders)
         self.training = True
         self._dispatch.call("on_train_start")
+        reload_every, last_reload = self._args.reload_dataloaders_every_n_epochs, self.current_epoch
         while not loops.fit_done(self):
-            loops.train_epoch(self, val_loaders)
+            if reload_every and self.current_epoch - last_reload >= reload_every and self.fit_loop_state["batches_done_in_epoch"] == 0:
+                val_loaders, last_reload = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
+            with profile(self, "run_training_epoch"):
+                loops.train_epoch(self, val_loaders)
             if preemption.due(self):
                 preemption.checkpoint_and_exit(self)
         self.training = False
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
+
+    def _fit_loaders(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, *, reload: bool = False) -> list[Any] | None:
+        """Prepare the train loader (``self._train_loader``) and return the validation loaders of a fit.
+
+        `reload` (``reload_dataloaders_every_n_epochs``): ask the module/DataModule for them again and replace the
+        train loader in the checkpointed loader states.
+        """
+        given = loops.loader_from(module, "train", train_dataloaders, required=True)
+        if len(given) == 0:
+            raise ValueError(
+                f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
+                f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
+            )
+        if self._args.overfit_batches:
+            given = loops.unshuffled(given, "train")
+        if reload:
+            self.accelerator._dataloaders.remove(self._train_loader)
+        self._train_loader = self.accelerator.prepare_data_loader(
+            given, device_placement=not self._moves_batches, shard=self._args.use_distributed_sampler
+        )
+        self.num_training_batches = loops.limit_batches(len(self._train_loader), self._args.limit_train_batches)
+        if self.num_training_batches == 0:
+            warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=4)
+        val_loaders = self._fit_val_loaders(module, val_dataloaders)
+        self._val_limits = [loops.limit_batches(len(loader), self._args.limit_val_batches) for loader in val_loaders or []]
+        self.num_val_batches = _one_or_list(self._val_limits)
+        return val_loaders
 
     def _fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
         """The sharded validation loaders of a fit, or None when there is nothing to validate."""
@@ -377,6 +447,8 @@ class Trainer:
             warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
         if val is not None and all(loops.limit_batches(len(loader), self._args.limit_val_batches) == 0 for loader in val):
             val = None  # decided from the unsharded loaders, so every process agrees (a process may hold no batch)
+        if val is not None and self._args.overfit_batches:
+            val = [loops.unshuffled(loader, "val") for loader in val]
         return [self._eval_loader(loader) for loader in val] if val is not None else None
 
     def _configure_optimizers(self, module: TrainModule) -> None:
@@ -389,6 +461,7 @@ class Trainer:
                 "Use a new Trainer and a fresh module (or TrainModule.load_from_checkpoint) for another fit"
             )
         if not joint and self._prepared_for != id(module):
+            self._sync_batchnorm(module)
             self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
         optimizers, configs = parse_optimizers(module.configure_optimizers())
         if module.automatic_optimization and len(optimizers) != 1:
@@ -397,6 +470,7 @@ class Trainer:
                 "set self.automatic_optimization = False and step them in training_step (see docs/trainer.md)"
             )
         if joint:
+            self._sync_batchnorm(module)
             strategy.agree_clipping(self.gradient_clip_val, self.gradient_clip_algorithm)
             prepared = self.accelerator.prepare(module, *optimizers)
             self._model, self._prepared_for = prepared[0], id(module)
@@ -406,6 +480,11 @@ class Trainer:
         for config in configs:  # prepared so that checkpoints hold their state; stepped by the loop itself
             self.accelerator.prepare_scheduler(config.scheduler)
         self.lr_scheduler_configs = configs
+
+    def _sync_batchnorm(self, module: TrainModule) -> None:
+        """``sync_batchnorm``: BatchNorm layers become SyncBatchNorm (in place) before the module is wrapped; one process: nothing."""
+        if self._args.sync_batchnorm and self.world_size > 1:
+            torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def _restore(self, ckpt_path: str | None) -> None:
         from trainer.fit.checkpointing import resolve_ckpt_path, restore_checkpoint
@@ -433,7 +512,9 @@ class Trainer:
 
     def _eval_loader(self, loader: Any) -> Any:
         """Shard an evaluation loader without padding (every sample seen once), outside the checkpointed loaders."""
-        return self.accelerator.prepare_data_loader(loader, device_placement=not self._moves_batches, even_batches=False, register=False)
+        return self.accelerator.prepare_data_loader(
+            loader, device_placement=not self._moves_batches, even_batches=False, register=False, shard=self._args.use_distributed_sampler
+        )
 
     def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
@@ -505,7 +586,10 @@ class Trainer:
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
         self._results.reset()
-        self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
+        if self.profiler is not None:
+            self._dispatch = ProfiledDispatcher(module, TrainModule, self.callbacks, self, self.profiler)
+        else:
+            self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
 
     def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward for manual optimization, between ``on_before_backward``/``on_after_backward`` as in automatic optimization.
@@ -514,7 +598,8 @@ class Trainer:
         """
         self._dispatch.call("on_before_backward", loss)
         self.accelerator.strategy.prepare_for_backward(self._model, loss)
-        self.accelerator.backward(loss, **kwargs)
+        with profile(self, "backward"):
+            self.accelerator.backward(loss, **kwargs)
         self._dispatch.call("on_after_backward")
 
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:

@@ -1,0 +1,168 @@
+"""Lightning 2.x scripts, ported by the rename alone, run in a subprocess; each asserts on what the run observably did.
+
+The scripts in ``lightning_scripts/`` are written as a Lightning user writes them (``import lightning.pytorch as pl``,
+``from lightning.pytorch.callbacks import ModelCheckpoint``, ...). `tests.helpers.lightning_rename.lightning_to_trainwright`
+replaces the import paths and class names (the migration guide's rename table) and nothing else; the renamed script runs
+with ``python script.py`` in a fresh directory and prints one JSON line of what it saw as its last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.lightning_rename import lightning_to_trainwright
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "lightning_scripts"
+
+
+def run_script(name: str, cwd: Path, timeout: float = 120) -> dict[str, Any]:
+    """Rename `name` into `cwd`, run it there, and return the JSON of its last output line."""
+    source = (SCRIPTS / name).read_text()
+    renamed = lightning_to_trainwright(source)
+    assert "lightning" not in renamed.replace("Lightning", "").lower().split('"""', 2)[-1]  # nothing left to rename
+    script = cwd / name
+    script.write_text(renamed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_the_rename_touches_only_import_paths_and_class_names() -> None:
+    source = ("import lightning as L\nimport lightning.pytorch as pl\nfrom pytorch_lightning.callbacks import ModelCheckpoint\n"
+              "from lightning.pytorch.loggers import CSVLogger\nclass M(pl.LightningModule): pass\n"
+              "class D(L.LightningDataModule): pass\nt = pl.Trainer(logger=CSVLogger('.'))\n")
+    assert lightning_to_trainwright(source) == (
+        "import trainer as L\nimport trainer as pl\nfrom callbacks import ModelCheckpoint\n"
+        "from callbacks.trackers import CSVLogger\nclass M(pl.TrainModule): pass\n"
+        "class D(L.DataModule): pass\nt = pl.Trainer(logger=CSVLogger('.'))\n"
+    )
+
+
+def test_module_with_val_test_predict(tmp_path: Path) -> None:
+    out = run_script("module_val_test_predict.py", tmp_path)
+    assert out["global_step"] == 12 and out["epoch"] == 3  # 4 batches x 3 epochs
+    assert set(out["test"]) == {"test_acc"} and 0.0 <= out["test"]["test_acc"] <= 1.0
+    assert out["predicted"] == 32 and out["batches"] == 4  # every predict sample once, batch_size 10
+    assert out["fit_metrics"] == ["train_loss", "val_loss"]
+
+
+def test_datamodule(tmp_path: Path) -> None:
+    out = run_script("datamodule.py", tmp_path)
+    assert out["calls"] == ["prepare_data", "setup:fit", "teardown:fit", "prepare_data", "setup:test", "teardown:test"]
+    assert out["global_step"] == 80 and out["batch_size"] == 16 and (tmp_path / "numbers.pt").exists()
+    assert out["test_mse"] < 0.05  # a linear target, learned
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "checkpoints").exists()  # logger=False, enable_checkpointing=False
+
+
+def test_model_checkpoint_top_k_with_a_filename_template(tmp_path: Path) -> None:
+    out = run_script("checkpoint_topk.py", tmp_path)
+    losses = out["val_losses"]
+    assert len(losses) == 4
+    best_two = sorted(range(4), key=lambda e: losses[e])[:2]
+    expected = {f"model-epoch={e:02d}-val_loss={losses[e]:.3f}" for e in best_two}
+    assert set(out["best_k_models"]) == expected
+    assert Path(out["best_model_path"]).name == f"model-epoch={best_two[0]:02d}-val_loss={losses[best_two[0]]:.3f}"
+    assert out["best_model_score"] == pytest.approx(min(losses), rel=1e-6)
+    assert Path(out["best_model_path"]).is_dir() and Path(out["last_model_path"]).is_dir()
+    assert expected <= set(out["files"]) and len([f for f in out["files"] if f.startswith("model-")]) == 2
+
+
+def test_early_stopping(tmp_path: Path) -> None:
+    out = run_script("early_stopping.py", tmp_path)
+    # epoch 0 sets the best; epochs 1 and 2 do not improve (lr=0): patience 2 stops after epoch 2, as in Lightning
+    assert out["stopped_epoch"] == 2 and out["current_epoch"] == 3 and out["global_step"] == 12 and out["should_stop"]
+
+
+def test_self_log_forms_with_torchmetrics_and_csv_logger(tmp_path: Path) -> None:
+    out = run_script("logging_torchmetrics.py", tmp_path)
+    assert out["log_dir"] == "logs/metrics_run/version_0"  # relative to save_dir, as Lightning
+    assert out["columns"] == sorted(["step", "epoch", "train_loss_step", "train_loss_epoch", "train_acc", "a", "b", "val_loss", "val_acc"])
+    rows = out["rows"]
+    assert [int(r["step"]) for r in rows if r["train_loss_step"]] == [1, 3, 5, 7, 9, 11, 13, 15]  # log_every_n_steps=2, from 0
+    assert [r["b"] for r in rows if r["b"]] == ["1.0", "3.0", "5.0", "7.0"] * 2  # log_dict on_step: batch_idx of those steps
+    epoch_rows = [(r["step"], r["epoch"]) for r in rows if r["train_acc"]]
+    assert epoch_rows == [("7", "0"), ("15", "1")]  # the epoch values, at the epoch's last step
+    assert len([r for r in rows if r["val_acc"]]) == 2
+    assert set(out["callback_metrics"]) == {"train_loss", "train_loss_step", "train_loss_epoch", "train_acc", "a", "b", "val_loss", "val_acc"}
+    assert out["progress_bar"] == ["train_loss_epoch", "train_loss_step"]
+    assert 0.0 <= out["callback_metrics"]["val_acc"] <= 1.0 and out["callback_metrics"]["train_loss"] == out["callback_metrics"]["train_loss_epoch"]
+
+
+def test_manual_optimization_with_two_optimizers(tmp_path: Path) -> None:
+    out = run_script("manual_two_optimizers.py", tmp_path)
+    assert out["global_step"] == 20  # 5 batches x 2 epochs x 2 optimizer steps, as Lightning counts them
+    assert out["backward_calls"] == 20 and out["all_changed"]  # on_after_backward runs for manual_backward too
+    assert out["metrics"] == ["d_loss", "g_loss"]
+
+
+def test_step_and_epoch_schedulers_with_frequency(tmp_path: Path) -> None:
+    out = run_script("schedulers.py", tmp_path)
+    step = out["step/2"]
+    assert step["global_step"] == 24 and step["lr"] == 0.5**12  # stepped after every 2nd optimizer step
+    assert step["logged"][:5] == [[0, 1.0], [1, 1.0], [2, 0.5], [3, 0.5], [4, 0.25]]  # the custom name "my_lr", as Lightning
+    assert out["epoch/1"]["lr"] == 0.5**4 and out["epoch/1"]["logged"] == [[0, 1.0], [6, 0.5], [12, 0.25], [18, 0.125]]
+    assert out["epoch/2"]["lr"] == 0.5**2 and out["epoch/2"]["logged"] == [[0, 1.0], [6, 1.0], [12, 0.5], [18, 0.5]]
+
+
+def test_accumulation_and_clipping(tmp_path: Path) -> None:
+    out = run_script("accumulate_clip.py", tmp_path)
+    assert out["global_step"] == 6 and out["estimated_stepping_batches"] == 6  # ceil(10 / 4) steps per epoch, 2 epochs
+    assert out["steps_seen"] == [0, 1, 2, 3, 4, 5]  # on_before_optimizer_step once per optimizer step
+    assert out["norms"] == 6 and out["max_norm"] <= 0.5 + 1e-6  # clipped to gradient_clip_val
+
+
+def test_loop_limits(tmp_path: Path) -> None:
+    out = run_script("loop_limits.py", tmp_path)
+    assert out["limits"] == {"global_step": 18, "epoch": 3, "train": 18, "val": 12, "sanity": 1,
+                             "validations": [[0, 3], [0, 6], [1, 9], [1, 12], [2, 15], [2, 18]]}
+    assert out["every_2"] == {"global_step": 32, "epoch": 4, "train": 32, "val": 4, "sanity": 0, "validations": [[1, 16], [3, 32]]}
+    # max_steps ends the fit inside epoch 1, before its first validation; num_sanity_val_steps=-1 runs all 5 batches
+    assert out["max_steps"] == {"global_step": 11, "epoch": 1, "train": 11, "val": 10, "sanity": 5, "validations": [[0, 4], [0, 8]]}
+    # overfit_batches=2: 2 train batches an epoch and 2 validation batches (Lightning 2.x)
+    assert out["overfit"] == {"global_step": 4, "epoch": 2, "train": 4, "val": 4, "sanity": 0, "validations": [[0, 2], [1, 4]]}
+
+
+def test_fast_dev_run(tmp_path: Path) -> None:
+    out = run_script("fast_dev_run.py", tmp_path)
+    assert out["calls"] == {"train": 1, "val": 1, "test": 1, "predict": 1} and out["global_step"] == 1 and out["predictions"] == 1
+    assert out["written"] == []  # no checkpoint, no logs
+
+
+def test_save_hyperparameters_and_load_from_checkpoint(tmp_path: Path) -> None:
+    out = run_script("hparams_load.py", tmp_path)
+    assert out["hparams"] == out["loaded_hparams"] == {"hidden": 12, "lr": 0.05, "activation": "tanh"}
+    assert out["override"] == {"hidden": 12, "lr": 0.5, "activation": "tanh"}
+    assert out["same_weights"] and out["same_output"] and out["hidden"] == 12 and out["tanh"]
+
+
+def test_fit_then_test_and_predict_from_best(tmp_path: Path) -> None:
+    out = run_script("fit_test_best_predict.py", tmp_path)
+    assert Path(out["best_model_path"]).name == "epoch=1-step=8"  # the monitored score is best at epoch 1
+    assert out["differs_from_last"] and out["predictions_match_best"] and out["rows"] == 32
+    assert out["test_loss"] == pytest.approx(out["best_score"], rel=1e-5)  # the validation data at epoch 1 (its offset is 0), best weights
+
+
+def test_resume_from_last(tmp_path: Path) -> None:
+    out = run_script("resume_last.py", tmp_path)
+    assert out["global_step"] == 20 and out["epochs_started"] == [2, 3]
+    assert out["same_weights"]  # the resumed run ends with the weights of the straight run, bit for bit
+    assert out["lr"] == pytest.approx(0.01 * 0.9**4)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_two_process_ddp(tmp_path: Path) -> None:
+    out = run_script("ddp.py", tmp_path, timeout=200)
+    assert out["world_size"] == 2 and out["global_step"] == 8  # 64 samples / 2 processes / batch 8 = 4 steps an epoch
+    assert out["train_samples"] == 64  # this process's half, twice
+    assert out["predictions"] == 64 and out["predictions_in_order"] and out["same_weights_on_ranks"]
+    assert Path(out["best_model_path"]).name == "epoch=1-step=8"
