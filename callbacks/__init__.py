@@ -14,6 +14,7 @@ _EXPORTS = {
     "ModelCheckpoint": "callbacks.checkpoint",
     "EarlyStopping": "callbacks.early_stopping",
     "ProgressBar": "callbacks.progress",
+    "TQDMProgressBar": "callbacks.progress",
     "LearningRateMonitor": "callbacks.lr_monitor",
     "ModelSummary": "callbacks.summary",
     "Timer": "callbacks.timer",

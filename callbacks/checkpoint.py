@@ -47,6 +47,9 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: save at the end of the training epoch (True) or after validation (False);
             default: after validation when it runs other than once per epoch, else at epoch end.
         auto_insert_metric_name: write ``name=value`` for each template field.
+        verbose: print each checkpoint written (global rank 0).
+        save_weights_only, train_time_interval, enable_version_counter: Lightning's; only their defaults are
+            accepted (a checkpoint always holds the full state; a taken name always gets a ``-v1`` suffix).
 
     Raises:
         ValueError: on an invalid argument (the message names it and the accepted values).
@@ -57,20 +60,42 @@ class ModelCheckpoint(Callback):
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
 
-    def __init__(
+    def __init__(  # Lightning's argument order, so positional calls port too
         self,
-        *,
         dirpath: str | Path | None = None,
         filename: str | None = None,
         monitor: str | None = None,
-        mode: str = "min",
-        save_top_k: int = 1,
+        verbose: bool = False,
         save_last: bool | str | None = None,
+        save_top_k: int = 1,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
         every_n_train_steps: int | None = None,
+        train_time_interval: Any = None,
         every_n_epochs: int | None = None,
         save_on_train_epoch_end: bool | None = None,
-        auto_insert_metric_name: bool = True,
+        enable_version_counter: bool = True,
     ) -> None:
+        if save_weights_only:
+            raise NotImplementedError(
+                "ModelCheckpoint(save_weights_only=True) is not supported: a checkpoint here always holds the full state, so "
+                "fit(ckpt_path=...) can resume from it; the weights alone load with TrainModule.load_from_checkpoint or from "
+                "its model.safetensors. Leave save_weights_only out"
+            )
+        if train_time_interval is not None:
+            raise NotImplementedError(
+                f"ModelCheckpoint(train_time_interval={train_time_interval!r}) is not supported; save by steps or epochs "
+                "(every_n_train_steps=..., every_n_epochs=...)"
+            )
+        if enable_version_counter is not True:
+            raise NotImplementedError(
+                "ModelCheckpoint(enable_version_counter=False) is not supported: a name already taken always gets a '-v1' "
+                "suffix, so no checkpoint is overwritten. Leave enable_version_counter out"
+            )
+        if not isinstance(verbose, bool):
+            raise TypeError(f"ModelCheckpoint(verbose={verbose!r}) must be True or False")
+        self.verbose = verbose
         if mode not in _MODES:
             raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; use mode='min' or mode='max'")
         if save_last not in (None, True, False, "link"):
@@ -186,6 +211,9 @@ class ModelCheckpoint(Callback):
         for path in dict.fromkeys(p for p in (plan["topk"], plan["last"]) if p):
             save_checkpoint(trainer, path)
             written.append(Path(path))
+            if self.verbose and trainer.is_global_zero:
+                about = f"{self.monitor!r} = {score:.5g}, " if score is not None and self.monitor else ""
+                print(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: {about}saved {path}", flush=True)
         if trainer.is_global_zero:
             if plan["last"]:
                 write_last_pointer(self.dirpath, Path(plan["last"]))

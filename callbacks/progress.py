@@ -109,6 +109,7 @@ class ProgressBar(Callback):
         self._pending = 0
         self._eval_pending = 0
         self._last_loss: Any = None
+        self.position = 0  # tqdm's line offset (Lightning's process_position)
 
     @property
     def is_enabled(self) -> bool:
@@ -129,6 +130,7 @@ class ProgressBar(Callback):
             dynamic_ncols=True,
             smoothing=0,
             unit="it",
+            position=self.position or None,
         )
 
     def postfix(self, trainer: Trainer) -> dict[str, float]:
@@ -275,3 +277,16 @@ class ProgressBar(Callback):
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         self._close_eval_bar()
         self._close_train_bar()
+
+
+class TQDMProgressBar(ProgressBar):
+    """Lightning's ``TQDMProgressBar(refresh_rate, process_position, leave)``: the same bars as `ProgressBar`.
+
+    ``process_position`` moves the bars down that many lines (tqdm's ``position``), for several runs in one terminal.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=leave)
+        if isinstance(process_position, bool) or not isinstance(process_position, int) or process_position < 0:
+            raise ValueError(f"TQDMProgressBar(process_position={process_position!r}) must be an int >= 0")
+        self.position = process_position

@@ -243,3 +243,38 @@ def test_lightning_ckpt_file_names_address_the_checkpoint_directories(tmp_path: 
     assert lightning_path(root / f"{newest.name}.ckpt") == newest
     with pytest.raises(FileNotFoundError, match="no complete checkpoint in"):
         lightning_path(tmp_path / "empty" / "last.ckpt")
+
+
+def test_lightnings_positional_order_and_verbose(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint = ModelCheckpoint(tmp_path / "ckpts", "{epoch}", "val_loss", True)  # dirpath, filename, monitor, verbose
+    assert (checkpoint.dirpath, checkpoint.filename, checkpoint.monitor, checkpoint.verbose) == (tmp_path / "ckpts", "{epoch}", "val_loss", True)
+    fit(tmp_path, [checkpoint], max_epochs=2)
+    out = capsys.readouterr().out
+    assert "Epoch 0, global step" in out and "'val_loss' = " in out and str(tmp_path / "ckpts" / "epoch=0") in out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"save_weights_only": True}, r"save_weights_only=True\) is not supported"),
+     ({"train_time_interval": 60}, r"train_time_interval=60\) is not supported"),
+     ({"enable_version_counter": False}, r"enable_version_counter=False\) is not supported")],
+)
+def test_lightning_arguments_without_a_counterpart_are_refused_not_ignored(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(NotImplementedError, match=message):
+        ModelCheckpoint(**kwargs)
+
+
+def test_tqdm_progress_bar_takes_lightnings_arguments(tmp_path: Path) -> None:
+    import io
+
+    from callbacks import TQDMProgressBar
+    from callbacks.progress import ProgressBar
+
+    bar = TQDMProgressBar(refresh_rate=5, process_position=1, leave=True)
+    assert isinstance(bar, ProgressBar) and (bar.refresh_rate, bar.position, bar.leave) == (5, 1, True)
+    bar.file = io.StringIO()
+    trainer = fit(tmp_path, [bar], max_epochs=1)
+    assert sum(isinstance(cb, ProgressBar) for cb in trainer.callbacks) == 1  # it replaces the default bar
+    assert "Epoch 0" in bar.file.getvalue()
+    with pytest.raises(ValueError, match="process_position=-1"):
+        TQDMProgressBar(process_position=-1)
