@@ -23,7 +23,7 @@ import json
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -40,17 +40,16 @@ from trainer.accelerator.config import (
     DataLoaderConfiguration,
     DDPKwargs,
     DeepSpeedPlugin,
-    DistributedType,
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
-from trainer.accelerator.layout import AcceleratorState, distributed_type, share_strategy
+from trainer.accelerator.layout import AcceleratorState, ProcessLayout, share_strategy
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 
 _UNSET: Any = object()
 
 
-class Accelerator:
+class Accelerator(ProcessLayout):
     """One object for device placement, distributed data, mixed precision, accumulation and checkpoints.
 
     Args:
@@ -153,38 +152,6 @@ class Accelerator:
         return self._state
 
     @property
-    def device(self) -> torch.device:
-        return self.strategy.device
-
-    @property
-    def process_index(self) -> int:
-        return self.strategy.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.strategy.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return distributed_type(self.strategy)
-
-    @property
     def mixed_precision(self) -> str:
         return self.strategy.precision.mode
 
@@ -227,10 +194,6 @@ class Accelerator:
     def save_iteration(self) -> int:
         """The number the next automatically named checkpoint gets (``checkpoint_<n>``)."""
         return self.project_configuration.iteration
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
 
     # prepare ------------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -521,45 +484,6 @@ class Accelerator:
 
     def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
         return self.strategy.broadcast_object(obj, from_process)
-
-    def wait_for_everyone(self) -> None:
-        self.strategy.barrier()
-
-    def main_process_first(self) -> AbstractContextManager[None]:
-        """Run the block on the main process first, then on the others."""
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> AbstractContextManager[None]:
-        """Run the block on the main process of each machine first, then on the others."""
-        return self.state.local_main_process_first()
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> AbstractContextManager[Any]:
-        """This process's share of a list, tuple, tensor or dict of them; see `PartialState.split_between_processes`."""
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run `function` on the main process only (with one process, always)."""
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run `function` on the main process of each machine only."""
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run `function` on the last process only."""
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
-        """Decorator: run `function` on process `process_index` only."""
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Any:
-        """Decorator: run `function` on local process `local_process_index` of each machine only."""
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print` on the main process only."""
-        self.state.print(*args, **kwargs)
 
     # models and checkpoints ---------------------------------------------------------------------------
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:

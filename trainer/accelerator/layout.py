@@ -43,48 +43,31 @@ def distributed_type(strategy: Strategy) -> DistributedType:
     return DistributedType.MULTI_GPU if strategy.device.type == "cuda" else DistributedType.MULTI_CPU
 
 
-class PartialState:
-    """The process layout and its helpers, without an `Accelerator` (Accelerate's ``PartialState``).
+class ProcessLayout:
+    """The process layout and the helpers that need only it, read from ``self.strategy``.
 
-    Args:
-        cpu: use the CPU even when an accelerator is present (only when this call sets the layout up).
+    What `PartialState`, `AcceleratorState` and the `Accelerator` share (Accelerate's ``PartialState`` API).
     """
 
-    __slots__ = ("_strategy",)
-
-    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
-        if kwargs:
-            raise TypeError(f"PartialState() got unsupported arguments {sorted(kwargs)}; it takes only cpu=")
-        if not _shared:
-            from trainer.accelerator.accelerator import _build_strategy
-
-            strategy = _build_strategy(None, cpu=cpu, precision="no", timeout=None, ddp=None)
-            strategy.setup_environment()
-            share_strategy(strategy)
-        self._strategy = _shared[0]
-
-    @classmethod
-    def _of(cls, strategy: Strategy) -> Self:
-        view = object.__new__(cls)
-        view._strategy = strategy
-        return view
+    __slots__ = ()
+    strategy: Strategy
 
     # the layout ---------------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return self._strategy.device
+        return self.strategy.device
 
     @property
     def process_index(self) -> int:
-        return self._strategy.rank
+        return self.strategy.rank
 
     @property
     def local_process_index(self) -> int:
-        return self._strategy.local_rank
+        return self.strategy.local_rank
 
     @property
     def num_processes(self) -> int:
-        return self._strategy.world_size
+        return self.strategy.world_size
 
     @property
     def is_main_process(self) -> bool:
@@ -104,7 +87,7 @@ class PartialState:
 
     @property
     def distributed_type(self) -> DistributedType:
-        return distributed_type(self._strategy)
+        return distributed_type(self.strategy)
 
     @property
     def initialized(self) -> bool:
@@ -112,7 +95,7 @@ class PartialState:
 
     # helpers ------------------------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
-        self._strategy.barrier()
+        self.strategy.barrier()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the main process only."""
@@ -185,6 +168,37 @@ class PartialState:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._runs_here(self.local_process_index == _index(local_process_index, "local_process_index"), function)
 
+
+class PartialState(ProcessLayout):
+    """The process layout and its helpers, without an `Accelerator` (Accelerate's ``PartialState``).
+
+    Args:
+        cpu: use the CPU even when an accelerator is present (only when this call sets the layout up).
+    """
+
+    __slots__ = ("_strategy",)
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"PartialState() got unsupported arguments {sorted(kwargs)}; it takes only cpu=")
+        if not _shared:
+            from trainer.accelerator.accelerator import _build_strategy
+
+            strategy = _build_strategy(None, cpu=cpu, precision="no", timeout=None, ddp=None)
+            strategy.setup_environment()
+            share_strategy(strategy)
+        self._strategy = _shared[0]
+
+    @classmethod
+    def _of(cls, strategy: Strategy) -> Self:
+        view = object.__new__(cls)
+        view._strategy = strategy
+        return view
+
+    @property
+    def strategy(self) -> Strategy:  # type: ignore[override]  # read-only here
+        return self._strategy
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device})")
@@ -197,11 +211,7 @@ class AcceleratorState(PartialState):
 
     @property
     def mixed_precision(self) -> str:
-        return self._strategy.precision.mode
-
-    @property
-    def strategy(self) -> Strategy:
-        return self._strategy
+        return self.strategy.precision.mode
 
 
 def _index(value: Any, name: str) -> int:
@@ -210,4 +220,4 @@ def _index(value: Any, name: str) -> int:
     return value
 
 
-__all__ = ["AcceleratorState", "DistributedType", "PartialState"]
+__all__ = ["AcceleratorState", "DistributedType", "PartialState", "ProcessLayout"]
