@@ -55,12 +55,8 @@ def node_command(port: int, machine_rank: int, script: Path, out: Path, join_tim
     ]  # fmt: skip
 
 
-@pytest.mark.timeout(180)
-def test_two_nodes_on_loopback(tmp_path: Path) -> None:
-    script = tmp_path / "node.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "out"
-    out.mkdir()
+def run_two_nodes(tmp_path: Path, script: Path, out: Path) -> tuple[list[int], list[str]]:
+    """Launch `script` on two "machines" (one `trainer launch` each); their exit codes and stderr."""
     port, env = free_port(), clean_env(tmp_path)
     nodes = [
         subprocess.Popen(node_command(port, rank, script, out, 60), env=env, stderr=subprocess.PIPE, text=True)
@@ -72,7 +68,17 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
         for node in nodes:
             if node.poll() is None:
                 node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], errors
+    return [node.returncode for node in nodes], errors
+
+
+@pytest.mark.timeout(180)
+def test_two_nodes_on_loopback(tmp_path: Path) -> None:
+    script = tmp_path / "node.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, errors = run_two_nodes(tmp_path, script, out)
+    assert codes == [0, 0], errors
     seen = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
     assert sorted(seen) == [0, 1]
     assert all(s["world"] == 2 and s["sum"] == 3.0 and s["launched"] == "1" for s in seen.values())
@@ -96,38 +102,15 @@ def test_a_node_that_never_joins_fails_within_the_join_timeout(tmp_path: Path) -
     assert not list(tmp_path.glob("rank*.json"))
 
 
-HUNG = """
-import os, sys, time
-import torch
-from trainer import Accelerator
-
-def stuck_before_the_collective():
-    time.sleep(20)
-
-acc = Accelerator(cpu=True, process_group_timeout=6)
-if acc.process_index == 1:
-    stuck_before_the_collective()
-acc.reduce(torch.ones(1))
-"""
-
-
 @pytest.mark.faults
 @pytest.mark.timeout(180)
 def test_a_rank_hung_on_another_machine_prints_its_stack_there(tmp_path: Path) -> None:
+    from tests.integration.test_hung_rank import HUNG
+
     script = tmp_path / "hung.py"
     script.write_text(HUNG)
-    port, env = free_port(), clean_env(tmp_path)
-    nodes = [
-        subprocess.Popen(node_command(port, rank, script, tmp_path, 60), env=env, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)
-    ]
-    try:
-        errors = [node.communicate(timeout=150)[1] for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-    assert nodes[0].returncode == 1, errors
+    codes, errors = run_two_nodes(tmp_path, script, tmp_path)
+    assert codes[0] == 1, errors
     assert "rank(s) [1] never reached it; on other machines: [1] (asked to print their Python stacks" in errors[0]
     assert "trainer launch: rank 1 never reached the collective rank 0 waited in for 6 s" in errors[0]
     # rank 1's own machine (the second launcher) printed where it hangs
