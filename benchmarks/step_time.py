@@ -18,7 +18,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,57 +119,40 @@ def _quiet() -> Any:
         yield
 
 
-def raw_loop(work: Workload, data: TensorDataset) -> Session:
-    """The plain PyTorch loop every other contender is compared with."""
+def _raw_session(work: Workload, batches: Callable[[], Iterable[Any]]) -> Session:
+    """The plain PyTorch step over ``batches()`` (made inside the timed session, as a loader would be)."""
     model = _net(work)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     begin = time.perf_counter()
-    loader = DataLoader(data, batch_size=work.batch_size)
     model.train()
-    for x, y in loader:
+    for x, y in batches():
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
     total = time.perf_counter() - begin
     return Session(model.clock.per_step(), total, model.state_dict())
+
+
+def raw_loop(work: Workload, data: TensorDataset) -> Session:
+    """The plain PyTorch loop every other contender is compared with."""
+    return _raw_session(work, lambda: DataLoader(data, batch_size=work.batch_size))
 
 
 def raw_sliced_loop(work: Workload, data: TensorDataset) -> Session:
     """The plain loop without a DataLoader: batches are slices of the tensors (the floor for any loader)."""
-    model = _net(work)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    begin = time.perf_counter()
     inputs, targets = data.tensors
-    model.train()
-    for start in range(0, inputs.shape[0], work.batch_size):
-        x, y = inputs[start:start + work.batch_size].clone(), targets[start:start + work.batch_size].clone()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-    total = time.perf_counter() - begin
-    return Session(model.clock.per_step(), total, model.state_dict())
+    size = work.batch_size
+    return _raw_session(work, lambda: ((inputs[s:s + size].clone(), targets[s:s + size].clone()) for s in range(0, len(inputs), size)))
 
 
 def raw_indexed_loop(work: Workload, data: TensorDataset) -> Session:
     """The limit for our prepared loader: the raw loop over the same batches, each fetched by one indexed read per
     tensor, as the prepared loader fetches them. What a framework row costs beyond this row is its own overhead."""
-    model = _net(work)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    begin = time.perf_counter()
     inputs, targets = data.tensors
-    order = torch.arange(inputs.shape[0])
-    model.train()
-    for start in range(0, inputs.shape[0], work.batch_size):
-        idx = order[start:start + work.batch_size]
-        x, y = inputs[idx], targets[idx]
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-    total = time.perf_counter() - begin
-    return Session(model.clock.per_step(), total, model.state_dict())
+    order, size = torch.arange(len(inputs)), work.batch_size
+    spans = (order[s:s + size] for s in range(0, len(inputs), size))
+    return _raw_session(work, lambda: ((inputs[idx], targets[idx]) for idx in spans))
 
 
 def accelerator_loop(work: Workload, data: TensorDataset, *, accumulate: bool = False, accelerator_cls: Any = None) -> Session:
