@@ -261,13 +261,11 @@ class Strategy:
                 "strategy='deepspeed', or start from its weights alone (model.safetensors: TrainModule.load_from_checkpoint, "
                 "or strategies.checkpoint_io.load_weights(directory, model))"
             )
-        states = []
-        for i, model in enumerate(models):  # every model is checked before any is changed
-            source = path / checkpoint_io.indexed("model", i, "safetensors")
-            states.append(checkpoint_io.load_safetensors(source))
-            checkpoint_io.check_state_fits(states[-1], self.unwrap_module(model), source, strict=strict)
-        for model, state in zip(models, states):
-            self.load_module_state_dict(model, state, strict=strict)
+        sources = [path / checkpoint_io.indexed("model", i, "safetensors") for i in range(len(models))]
+        for model, source in zip(models, sources):  # every model is checked (from the file headers) before any is changed
+            checkpoint_io.check_state_fits(checkpoint_io.safetensors_shapes(source), self.unwrap_module(model), source, strict=strict)
+        for model, source in zip(models, sources):
+            self.load_module_state_dict(model, checkpoint_io.load_safetensors(source), strict=strict)
         for i, opt in enumerate(optimizers):
             opt.load_state_dict(checkpoint_io.torch_load(path / checkpoint_io.indexed("optimizer", i, "bin"), map_location=self.device))
 

@@ -532,22 +532,34 @@ def load_sharded(directory: Path, models: list[Any], optimizers: list[torch.opti
         set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"])
 
 
-def check_state_fits(state: Mapping[str, Any], module: Any, source: Path, *, strict: bool = True) -> None:
-    """Raise `CheckpointError` before anything is loaded when `state` (read from `source`) does not fit `module`.
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes a safetensors file holds, read from its header (no tensor is loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118  (safe_open is no dict)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path} as safetensors: {err}; the file is damaged or was tampered with") from err
+
+
+def check_state_fits(shapes: Mapping[str, Sequence[int]], module: Any, source: Path, *, strict: bool = True) -> None:
+    """Raise `CheckpointError` before anything is loaded when the tensors of `source` (name -> shape) do not fit `module`.
 
     Torch's own error comes after the matching tensors were already copied in; this check keeps the model as it
     was and says which checkpoint and which model disagree.
     """
     own = module.state_dict()
-    shapes = [f"{key}: {tuple(state[key].shape)} in the checkpoint, {tuple(own[key].shape)} in the model"
-              for key in sorted(state) if key in own and hasattr(own[key], "shape") and tuple(state[key].shape) != tuple(own[key].shape)]
-    problems = shapes[:5]
-    if strict and set(own) - set(state):
-        problems.append(f"missing in the checkpoint: {_listed(set(own) - set(state))}")
-    if strict and set(state) - set(own):
-        problems.append(f"not in the model: {_listed(set(state) - set(own))}")
+    saved = {key: tuple(shape) for key, shape in shapes.items()}
+    differ = [f"{key}: {saved[key]} in the checkpoint, {tuple(own[key].shape)} in the model"
+              for key in sorted(saved) if key in own and hasattr(own[key], "shape") and saved[key] != tuple(own[key].shape)]
+    problems = differ[:5]
+    if strict and set(own) - set(saved):
+        problems.append(f"missing in the checkpoint: {_listed(set(own) - set(saved))}")
+    if strict and set(saved) - set(own):
+        problems.append(f"not in the model: {_listed(set(saved) - set(own))}")
     if problems:
-        fix = "" if shapes else ", or pass strict=False to load only the keys both have"
+        fix = "" if differ else ", or pass strict=False to load only the keys both have"
         raise CheckpointError(
             f"{str(source)!r} holds the weights of another model than this {type(module).__name__}: " + "; ".join(problems)
             + f". Nothing was loaded. Build the model the checkpoint was saved from{fix}"
@@ -591,7 +603,7 @@ def load_weights(
         )
     full = load_safetensors(weights, device=str(torch.device(device)))
     if load_full is None:
-        check_state_fits(full, module, weights, strict=strict)  # a strategy's `load_full` sees through its wrapper
+        check_state_fits({k: v.shape for k, v in full.items()}, module, weights, strict=strict)  # `load_full` sees through wrappers
         module.load_state_dict(full, strict=strict)
     else:
         load_full(module, full, strict=strict)
