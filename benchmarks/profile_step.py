@@ -22,7 +22,7 @@ if str(REPO) not in sys.path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("contender", choices=["raw", "accelerator", "accumulate", "trainer", "trainer-defaults"])
+    parser.add_argument("contender", choices=["raw", "limit", "accelerator", "accumulate", "trainer", "trainer-defaults"])
     parser.add_argument("--steps", type=int, default=1000, help="steps in the profiled run")
     parser.add_argument("--top", type=int, default=25, help="functions to show")
     args = parser.parse_args(argv)
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     data = st.make_data(work)
     runs = {
         "raw": lambda: st.raw_loop(work, data),
+        "limit": lambda: st.raw_indexed_loop(work, data),
         "accelerator": lambda: st.accelerator_loop(work, data),
         "accumulate": lambda: st.accelerator_loop(work, data, accumulate=True),
         "trainer": lambda: st.trainer_fit(work, data, defaults=False),

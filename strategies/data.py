@@ -292,6 +292,9 @@ class DataLoaderShard(DataLoader):
         self._skip_once: int | None = None
         self._pass_skip: int | None = None
         self._fetcher = _batch_fetcher(self)
+        # batches indexed out of tensors that already are on the device need no move (one indexed read is all)
+        tensors = dataset.tensors if self._fetcher is not None and self._fetcher[1] else ()
+        self._fetched_in_place = bool(tensors) and all(t.device == self.device for t in tensors)
 
     # ``DataLoader.__init__`` assigns ``batch_size``; it reads back as the per-process batch size.
     @property
@@ -397,10 +400,11 @@ class DataLoaderShard(DataLoader):
         self._set_epoch_on_samplers(progress.epoch)
         progress.end = False
         self._pass_skip = skip
-        return self._run_pass(self._batches(skip), progress)
+        in_place = self._fetched_in_place and isinstance(self._shard, BatchSamplerShard)  # read by _batches' fetcher
+        return self._run_pass(self._batches(skip), progress, None if in_place else self.device)
 
-    def _run_pass(self, batches: Iterator[Any], progress: _Progress) -> Iterator[Any]:
-        device, non_blocking = self.device, self.non_blocking
+    def _run_pass(self, batches: Iterator[Any], progress: _Progress, device: torch.device | None) -> Iterator[Any]:
+        non_blocking = self.non_blocking
         try:
             current = next(batches, _END)
             if current is _END:
@@ -459,8 +463,9 @@ class DataLoaderShard(DataLoader):
         total: Any = shard.total_batch_size
         seq: Any = _flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
         take = _take_tensor if takes_tensor else take_span
-        for begin, end in shard.spans(len(seq), skip):
-            yield fetch(take(seq, begin, end, total))
+        length = len(seq)
+        for begin, end in shard.spans(length, skip):  # a span inside the index tensor is a view of it
+            yield fetch(seq[begin:end] if takes_tensor and end <= length else take(seq, begin, end, total))
 
     def _set_epoch_on_samplers(self, epoch: int) -> None:
         shard = self._shard

@@ -137,7 +137,8 @@ def shard_spans(
     clip = not ((even_batches and num_processes > 1) or drop_last)
     for k in range(max(start, 0), n_batches):
         begin = k * total + process_index * per
-        yield begin, (min(begin + per, length) if clip else begin + per)
+        end = begin + per
+        yield begin, (length if clip and end > length else end)
 
 
 def take_span(indices: Sequence[T], begin: int, end: int, total_batch_size: int) -> list[T]:

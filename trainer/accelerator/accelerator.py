@@ -404,6 +404,9 @@ class Accelerator(ProcessLayout):
         return self.strategy.precision.autocast()
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide the gradients by the fp16 loss scale (once per step); nothing to do without a scaler."""
+        if self.strategy.precision.scaler is None:
+            return
         targets = self._optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
         for opt in targets:
             self.strategy.precision.unscale(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.fit import preemption
+from trainer.fit.batch import ProfiledTrainBatch, TrainBatch, agree_flags, step_schedulers
 from trainer.fit.module import TrainModule
 from trainer.fit.profiler import profile
 from trainer.fit.transfer import moves_batches_itself, transfer_batch
@@ -77,7 +78,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
             _validate(trainer, val_loaders)
         _close_stepping_batch(state)
         return _next_epoch(trainer, update_plateau=False)
-    start = state["batches_done_in_epoch"]
+    start, total = state["batches_done_in_epoch"], trainer.num_training_batches
     batches = _train_batches(trainer, start)
     module.train()
     results.set_context("train", False)
@@ -85,20 +86,17 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     if pending:
         _validate(trainer, val_loaders)
     _close_stepping_batch(state)
-    for batch_idx in range(start, trainer.num_training_batches):
-        with profile(trainer, "train_dataloader_next"):
-            batch = next(batches, _MISSING)
-        if batch is _MISSING:
-            break
-        state["validation_pending"] = bool(val_loaders) and _validation_due(trainer, batch_idx)  # saved by checkpoints
-        go_on = train_batch(trainer, batch, batch_idx)
-        if go_on and state["validation_pending"]:
+    train_batch = TrainBatch(trainer) if trainer.profiler is None else ProfiledTrainBatch(trainer)
+    for batch_idx, batch in zip(range(start, total), batches):  # range first: no batch is drawn past the limit
+        validate = state["validation_pending"] = bool(val_loaders) and _validation_due(trainer, batch_idx)  # saved by checkpoints
+        go_on = train_batch(batch, batch_idx)
+        if validate and go_on:
             _validate(trainer, val_loaders)
         state["validation_pending"] = False
         _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
         if not go_on or max_steps_reached(trainer):
             break
-        if preemption.due(trainer) and batch_idx + 1 < trainer.num_training_batches:  # at the epoch's end: after it
+        if trainer.agreed_signal and preemption.due(trainer) and batch_idx + 1 < total:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
     _, logged = _end_of_epoch(trainer, "train")
     trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
@@ -151,7 +149,17 @@ def _train_batches(trainer: Trainer, start: int) -> Any:
         loader.set_epoch(trainer.current_epoch)
     if start:  # resuming mid-epoch: skip at the batch-sampler level, no skipped sample is loaded
         loader = trainer.accelerator.skip_first_batches(loader, start)
-    return iter(loader)
+    return iter(loader) if trainer.profiler is None else _timed_batches(trainer.profiler, iter(loader))
+
+
+def _timed_batches(profiler: Any, batches: Any) -> Any:
+    """`batches`, each draw timed as ``train_dataloader_next`` (``profiler="simple"``)."""
+    while True:
+        with profiler.time("train_dataloader_next"):
+            batch = next(batches, _MISSING)
+        if batch is _MISSING:
+            return
+        yield batch
 
 
 def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
@@ -172,152 +180,6 @@ def _validation_due(trainer: Trainer, batch_idx: int) -> bool:
     if interval is None or interval >= trainer.num_training_batches:
         return last
     return (batch_idx + 1) % interval == 0
-
-
-def train_batch(trainer: Trainer, batch: Any, batch_idx: int) -> bool:
-    """Run one training batch; return False (having done nothing) when the processes agreed to stop."""
-    state, acc, module = trainer.fit_loop_state, trainer.accelerator, trainer.attached_module
-    if trainer._moves_batches:
-        batch = transfer_batch(trainer, batch, 0)
-    trainer._results.set_batch(batch)
-    trainer._results.set_context("train", True)
-    trainer._dispatch.call("on_train_batch_start", batch, batch_idx)
-    if not module.automatic_optimization:
-        acc.sync_gradients = True
-        with acc.strategy.precision.forward_context(), profile(trainer, "training_step"):
-            output = module.training_step(batch, batch_idx)
-        stop = agree_flags(trainer, False)[1]
-    else:
-        boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches
-        acc.sync_gradients = boundary
-        with contextlib.nullcontext() if boundary else acc.no_sync(trainer._model):
-            with acc.strategy.precision.forward_context(), profile(trainer, "training_step"):
-                output = acc.strategy.call_through(trainer._model, module, "training_step", batch, batch_idx)
-            loss = _loss_of(output)
-            check = trainer._args.on_nonfinite is not None and loss is not None
-            nonfinite = check and not bool(torch.isfinite(loss.detach()).all())  # type: ignore[union-attr]
-            skip, stop = agree_flags(trainer, loss is None or nonfinite, nonfinite)
-            if stop:
-                return False
-            if check and trainer.agreed_nonfinite:
-                _on_nonfinite(trainer, loss, batch_idx)
-            if skip and loss is None and not trainer._warned_skip:
-                trainer._warned_skip = True
-                warnings.warn(
-                    f"training_step returned None for batch {batch_idx} (on at least one process), so every process skipped "
-                    "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
-                    stacklevel=2,
-                )
-            if state["accumulation_position"] == 0:  # Lightning's place: the window's first batch, after training_step
-                _zero_grad(trainer)
-            if not skip:
-                trainer._dispatch.call("on_before_backward", loss)
-                with profile(trainer, "backward"):
-                    acc.backward(loss)
-                trainer._dispatch.call("on_after_backward")
-                state["accumulated"] += 1
-        state["accumulation_position"] = 0 if boundary else state["accumulation_position"] + 1
-        if boundary and state["accumulated"]:
-            with profile(trainer, "optimizer_step"):
-                optimizer_step(trainer)
-    state["batches_done_in_epoch"] = batch_idx + 1
-    # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
-    state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
-    trainer._dispatch.call("on_train_batch_end", _detached(output), batch, batch_idx)
-    if boundary and (trainer.logging_step + 1) % trainer.log_every_n_steps == 0:
-        trainer._send_to_trackers(trainer._results.flush_step(), trainer.logging_step)
-    return not stop
-
-
-def optimizer_step(trainer: Trainer) -> None:
-    """Unscale, clip and step the (single, automatic-optimization) optimizer, then step the schedulers.
-
-    Its gradients are zeroed on the next window's first batch (`_zero_grad`), where Lightning zeroes them.
-    """
-    acc, optimizer = trainer.accelerator, trainer.optimizers[0]
-    acc.unscale_gradients(optimizer)
-    trainer._dispatch.call("on_before_optimizer_step", optimizer)
-    if trainer.gradient_clip_val:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if trainer.gradient_clip_algorithm == "norm":
-            acc.clip_grad_norm_(params, trainer.gradient_clip_val)
-        else:
-            acc.clip_grad_value_(params, trainer.gradient_clip_val)
-    optimizer.step()
-    trainer.fit_loop_state["global_step"] += 1
-    trainer.fit_loop_state["accumulated"] = 0
-    if trainer.lr_scheduler_configs and not acc.optimizer_step_was_skipped:
-        step_schedulers(trainer, "step", update_plateau=True)
-
-
-def _zero_grad(trainer: Trainer) -> None:
-    """``on_before_zero_grad`` (it sees the gradients of the previous step), then zero them before this window's backward."""
-    optimizer = trainer.optimizers[0]
-    trainer._dispatch.call("on_before_zero_grad", optimizer)
-    getattr(optimizer, "optimizer", optimizer).zero_grad(set_to_none=True)  # the prepared wrapper would zero on boundaries only
-
-
-def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:
-    """Step the schedulers configured for `interval` ("step" or "epoch") whose frequency is due."""
-    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
-    module = trainer.attached_module
-    for config in trainer.lr_scheduler_configs:
-        if config.interval != interval or count % config.frequency or not module.automatic_optimization:
-            continue
-        metric = None
-        if config.monitor is not None:
-            if not update_plateau:
-                continue
-            metric = trainer.callback_metrics.get(config.monitor)
-            if metric is None:
-                if config.strict:
-                    raise RuntimeError(
-                        f"the lr scheduler monitors {config.monitor!r}, which was not logged; logged: {sorted(trainer.callback_metrics)}. "
-                        "self.log it (e.g. in validation_step), or pass 'strict': False to skip the step when it is missing"
-                    )
-                continue
-            metric = float(metric)
-        module.lr_scheduler_step(config.scheduler, metric)
-
-
-def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
-    """``on_nonfinite``: the processes agreed this batch is skipped; say why, or stop (every process raises)."""
-    local = loss is not None and not bool(torch.isfinite(loss.detach()).all())
-    value = float(loss.detach().float().flatten()[0]) if loss is not None else None
-    where = f"step {trainer.global_step}, epoch {trainer.current_epoch}, batch {batch_idx}"
-    if trainer._args.on_nonfinite == "stop":
-        bad = next((name for name, p in trainer.attached_module.named_parameters() if not bool(torch.isfinite(p.detach()).all())), None)
-        weights = f"parameter {bad!r} is already non-finite" if bad else "the parameters are still finite"
-        raise FloatingPointError(
-            f"the training loss is not finite at {where} ({'this process: ' + repr(value) if local else 'on another process'}); "
-            f"{weights}. Nothing was stepped and saved checkpoints are intact. Lower the learning rate, clip gradients "
-            "(gradient_clip_val=...), use bf16 instead of fp16, or Trainer(on_nonfinite='skip') to skip such batches"
-        )
-    trainer.nonfinite_skipped += 1
-    if trainer.nonfinite_skipped == 1:
-        warnings.warn(
-            f"the training loss is not finite at {where}; every process skipped the batch (on_nonfinite='skip'). "
-            "trainer.nonfinite_skipped counts them; this warning is shown once per fit",
-            stacklevel=3,
-        )
-
-
-def agree_flags(trainer: Trainer, skip: bool, nonfinite: bool = False) -> tuple[bool, bool]:
-    """Make every process agree on (skip this batch, stop now, a non-finite loss, a preemption signal): each is
-    true if any process says so, in one small all-reduce.
-
-    The agreed signal lands in ``trainer.agreed_signal`` (the loop acts on it at the next step boundary), the
-    non-finite flag in ``trainer.agreed_nonfinite``.
-    """
-    stop, received = trainer.should_stop, trainer.received_signal
-    if trainer.world_size > 1:
-        acc = trainer.accelerator
-        flags = acc.reduce(torch.tensor([float(skip), float(stop), float(nonfinite), float(received)], device=acc.device), "max")
-        skip, stop, nonfinite, received = bool(flags[0]), bool(flags[1]), bool(flags[2]), int(flags[3])
-        trainer.should_stop = stop
-    trainer.agreed_nonfinite = nonfinite
-    trainer.agreed_signal = trainer.agreed_signal or received
-    return skip, stop
 
 
 # ---------------------------------------------------------------------------------------- evaluation
@@ -460,25 +322,6 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
         if not isinstance(loader, torch.utils.data.DataLoader):
             raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(loader).__name__}")
     return loaders if kind != "train" else loaders[0]
-
-
-def _loss_of(output: Any) -> torch.Tensor | None:
-    if output is None or isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, dict) and "loss" in output:
-        loss: torch.Tensor | None = output["loss"]
-        return loss
-    raise TypeError(
-        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' key, or None to skip the batch"
-    )
-
-
-def _detached(output: Any) -> Any:
-    if isinstance(output, torch.Tensor):
-        return output.detach()
-    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
-        return {**output, "loss": output["loss"].detach()}
-    return output
 
 
 def _to_cpu(output: Any) -> Any:

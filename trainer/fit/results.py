@@ -139,6 +139,11 @@ class ResultsStore:
         """Remember the current batch; its size is inferred only if a logged mean needs it."""
         self._batch, self._batch_size = batch, None
 
+    def begin_batch(self, batch: Any, stage: str, *, step_context: bool) -> None:
+        """`set_context` and `set_batch` in one call (once per training batch)."""
+        self.stage, self.step_context, self.epoch_end = stage, step_context, False
+        self._batch, self._batch_size = batch, None
+
     def _current_batch_size(self) -> int:
         if self._batch_size is None:
             size = infer_batch_size(self._batch)
@@ -166,7 +171,8 @@ class ResultsStore:
         checked = self._checked.get(key) if self.enabled and isinstance(value, torch.Tensor) and isinstance(reduce_fx, str) else None
         if checked is not None:  # the per-step path: this exact call was validated before
             known, full_name, known_key, known_step, known_epoch = checked
-            self._record(known, full_name, known_key, self._as_value(name, value), batch_size, known_step, known_epoch, logger, prog_bar)
+            value = value.detach() if value.dim() == 0 else self._as_value(name, value)
+            self._record(known, full_name, known_key, value, batch_size, known_step, known_epoch, logger, prog_bar)
             return
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
