@@ -64,7 +64,7 @@ class TrainBatch:
         trainer, state, hooked = self.trainer, self.state, self.hooked
         if trainer._moves_batches:
             batch = transfer_batch(trainer, batch, 0)
-        self.results.begin_batch(batch, "train", step_context=True)
+        self.results.begin_batch(batch, "train", True)  # step_context
         if "on_train_batch_start" in hooked:
             self.call("on_train_batch_start", batch, batch_idx)
         if self.module.automatic_optimization:

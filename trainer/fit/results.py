@@ -139,7 +139,7 @@ class ResultsStore:
         """Remember the current batch; its size is inferred only if a logged mean needs it."""
         self._batch, self._batch_size = batch, None
 
-    def begin_batch(self, batch: Any, stage: str, *, step_context: bool) -> None:
+    def begin_batch(self, batch: Any, stage: str, step_context: bool) -> None:
         """`set_context` and `set_batch` in one call (once per training batch)."""
         self.stage, self.step_context, self.epoch_end = stage, step_context, False
         self._batch, self._batch_size = batch, None
@@ -155,7 +155,6 @@ class ResultsStore:
         self,
         name: str,
         value: Any,
-        *,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
         prog_bar: bool = False,
@@ -172,7 +171,10 @@ class ResultsStore:
         if checked is not None:  # the per-step path: this exact call was validated before
             known, full_name, known_key, known_step, known_epoch = checked
             value = value.detach() if value.dim() == 0 else self._as_value(name, value)
-            self._record(known, full_name, known_key, value, batch_size, known_step, known_epoch, logger, prog_bar)
+            if known_epoch:
+                self._record(known, full_name, known_key, value, batch_size, known_step, True, logger, prog_bar)
+            elif known_step:  # a step value only (the default in training steps): the short way
+                self._record_step(known, full_name, known_key, value, logger, prog_bar)
             return
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
@@ -223,13 +225,16 @@ class ResultsStore:
         if accumulate:
             entry.accumulate(value, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
         if on_step:
-            entry.step_value, entry.step_dirty = value, True
-            self.callback_metrics[step_key] = value
-            self.callback_metrics[name] = value
-            if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
-                self.logged_metrics[step_key] = value
-            if prog_bar:
-                self.progress_bar_metrics[step_key] = value
+            self._record_step(entry, name, step_key, value, logger, prog_bar)
+
+    def _record_step(self, entry: _Entry, name: str, step_key: str, value: Any, logger: bool, prog_bar: bool) -> None:
+        entry.step_value, entry.step_dirty = value, True
+        metrics = self.callback_metrics
+        metrics[step_key] = metrics[name] = value
+        if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
+            self.logged_metrics[step_key] = value
+        if prog_bar:
+            self.progress_bar_metrics[step_key] = value
 
     def _as_value(self, name: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
