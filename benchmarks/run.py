@@ -16,7 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+# `python benchmarks/run.py` puts this folder first on sys.path, where a section module named like a library would
+# shadow that library for every package importing it (Accelerate imports deepspeed); the sections are imported
+# through the benchmarks package instead.
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -45,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import torch
 
-    from benchmarks import checkpoint, common, data_loading, ddp, deepspeed, fsdp, import_time, resume, step_time
+    from benchmarks import checkpoint, common, data_loading, ddp, fsdp, import_time, resume, step_time, zero
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed, "resume": resume}
+    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
     print(header, flush=True)
     texts = [header]
