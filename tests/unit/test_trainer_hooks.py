@@ -281,6 +281,26 @@ def test_callback_exception_gets_a_note_and_on_exception_fires(tmp_path: Any) ->
     assert watcher.torn_down
 
 
+class BrokenAtBatchEnd(Callback):
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        raise KeyError("batch end")
+
+
+class BrokenAfterBackward(RecordingModule):
+    def on_after_backward(self) -> None:
+        raise KeyError("after backward")
+
+
+def test_per_batch_hook_exceptions_get_the_same_notes(tmp_path: Any) -> None:
+    """The per-batch events are fired through functions built once per epoch: their errors are named as `call` names them."""
+    with pytest.raises(KeyError) as info:
+        _trainer(tmp_path, max_epochs=1, callbacks=[BrokenAtBatchEnd()]).fit(RecordingModule([]), _loader())
+    assert "raised in callback BrokenAtBatchEnd.on_train_batch_end" in getattr(info.value, "__notes__", [])
+    with pytest.raises(KeyError) as info:
+        _trainer(tmp_path, max_epochs=1).fit(BrokenAfterBackward([]), _loader())
+    assert "raised in the module's hook BrokenAfterBackward.on_after_backward" in getattr(info.value, "__notes__", [])
+
+
 class LogsAtEpochEnd(TrainModule):
     def __init__(self) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.fit.profiler import timed
 from trainer.fit.transfer import transfer_batch
 
 if TYPE_CHECKING:
@@ -51,8 +52,12 @@ class TrainBatch:
         self.precision = strategy.precision
         self.plain_precision = type(strategy.precision.forward_context()) is contextlib.nullcontext
         dispatch = trainer._dispatch
-        self.call = dispatch.call
-        self.hooked = frozenset(event for event in _BATCH_EVENTS if dispatch.has(event))
+        self.hooks = {event: fire for event in _BATCH_EVENTS if (fire := dispatch.caller(event)) is not None}
+        # the three big parts of a batch as plain callables (ProfiledTrainBatch wraps them in its timers)
+        self.automatic_step = self._in_precision(self.training_step)
+        self.manual_step = self._in_precision(module.training_step)
+        self.backward = acc.backward
+        self.optimizer_step = self._optimizer_step
         self.several_processes = trainer.world_size > 1
         self.check_nonfinite = trainer._args.on_nonfinite is not None
         self.optimizer: Any = trainer.optimizers[0] if trainer.optimizers else None
@@ -61,12 +66,12 @@ class TrainBatch:
 
     def __call__(self, batch: Any, batch_idx: int) -> bool:
         """Run one batch; return False (having done nothing more) when the processes agreed to stop."""
-        trainer, state, hooked = self.trainer, self.state, self.hooked
+        trainer, state, hooks = self.trainer, self.state, self.hooks
         if trainer._moves_batches:
             batch = transfer_batch(trainer, batch, 0)
         self.results.begin_batch(batch, "train", True)  # step_context
-        if "on_train_batch_start" in hooked:
-            self.call("on_train_batch_start", batch, batch_idx)
+        if "on_train_batch_start" in hooks:
+            hooks["on_train_batch_start"](batch, batch_idx)
         if self.module.automatic_optimization:
             boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches
             self.accelerator.sync_gradients = boundary
@@ -79,21 +84,21 @@ class TrainBatch:
                 return False
         else:  # the user's step drives the optimizers (self.manual_backward, opt.step())
             self.accelerator.sync_gradients = True
-            output = self._step(self.module.training_step, batch, batch_idx)
+            output = self.manual_step(batch, batch_idx)
             stop = self._agree(False)[1]
         state["batches_done_in_epoch"] = batch_idx + 1
         # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
         state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
-        if "on_train_batch_end" in hooked:
-            self.call("on_train_batch_end", _detached(output), batch, batch_idx)
+        if "on_train_batch_end" in hooks:
+            hooks["on_train_batch_end"](_detached(output), batch, batch_idx)
         if boundary and (state["batches_that_stepped"] + 1) % trainer.log_every_n_steps == 0:
             trainer._send_to_trackers(self.results.flush_step(), state["batches_that_stepped"])
         return not stop
 
     def _automatic(self, batch: Any, batch_idx: int, boundary: bool) -> tuple[Any, bool]:
         """Step, zero_grad, backward and (on a window's last batch) the optimizer step; returns (output, stop)."""
-        trainer, state, hooked = self.trainer, self.state, self.hooked
-        output = self._step(self.training_step, batch, batch_idx)
+        trainer, state, hooks = self.trainer, self.state, self.hooks
+        output = self.automatic_step(batch, batch_idx)
         loss = output if type(output) is torch.Tensor else _loss_of(output)
         check = self.check_nonfinite and loss is not None
         nonfinite = check and not bool(torch.isfinite(loss.detach()).all())  # type: ignore[union-attr]
@@ -111,31 +116,32 @@ class TrainBatch:
             )
         position = state["accumulation_position"]
         if position == 0:  # Lightning's place: the window's first batch, after training_step
-            if "on_before_zero_grad" in hooked:
-                self.call("on_before_zero_grad", self.optimizer)
+            if "on_before_zero_grad" in hooks:
+                hooks["on_before_zero_grad"](self.optimizer)
             self.zero_grad(set_to_none=True)
         if not skip:
-            if "on_before_backward" in hooked:
-                self.call("on_before_backward", loss)
-            self._backward(loss)  # type: ignore[arg-type]  # not skipped: the loss is a tensor
-            if "on_after_backward" in hooked:
-                self.call("on_after_backward")
+            if "on_before_backward" in hooks:
+                hooks["on_before_backward"](loss)
+            self.backward(loss)  # not skipped: the loss is a tensor
+            if "on_after_backward" in hooks:
+                hooks["on_after_backward"]()
             state["accumulated"] += 1
         state["accumulation_position"] = 0 if boundary else position + 1
         if boundary and state["accumulated"]:
-            self._optimizer_step()
+            self.optimizer_step()
         return output, False
 
-    # the three big parts of a batch, timed by ProfiledTrainBatch
-    def _step(self, step: Any, batch: Any, batch_idx: int) -> Any:
-        """`step` (``training_step``) in the precision's context (autocast)."""
+    def _in_precision(self, step: Any) -> Any:
+        """`step` (``training_step``) in the precision's context (autocast); `step` itself when that does nothing."""
         if self.plain_precision:
-            return step(batch, batch_idx)
-        with self.precision.forward_context():
-            return step(batch, batch_idx)
+            return step
+        precision = self.precision
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        self.accelerator.backward(loss)
+        def step_in_precision(batch: Any, batch_idx: int) -> Any:
+            with precision.forward_context():
+                return step(batch, batch_idx)
+
+        return step_in_precision
 
     def _optimizer_step(self) -> None:
         """Unscale, clip and step the (single) optimizer, then step the schedulers; its gradients are zeroed on the
@@ -143,8 +149,8 @@ class TrainBatch:
         trainer, acc, optimizer = self.trainer, self.accelerator, self.optimizer
         if self.precision.scaler is not None:
             acc.unscale_gradients(optimizer)
-        if "on_before_optimizer_step" in self.hooked:
-            self.call("on_before_optimizer_step", optimizer)
+        if "on_before_optimizer_step" in self.hooks:
+            self.hooks["on_before_optimizer_step"](optimizer)
         if trainer.gradient_clip_val:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if trainer.gradient_clip_algorithm == "norm":
@@ -177,19 +183,12 @@ class ProfiledTrainBatch(TrainBatch):
         super().__init__(trainer)
         if trainer.profiler is None:
             raise ValueError("ProfiledTrainBatch times a Trainer(profiler='simple'); this Trainer has no profiler")
-        self.profiler: SimpleProfiler = trainer.profiler
-
-    def _step(self, step: Any, batch: Any, batch_idx: int) -> Any:
-        with self.profiler.time("training_step"):
-            return super()._step(step, batch, batch_idx)
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        with self.profiler.time("backward"):
-            super()._backward(loss)
-
-    def _optimizer_step(self) -> None:
-        with self.profiler.time("optimizer_step"):
-            super()._optimizer_step()
+        profiler: SimpleProfiler = trainer.profiler
+        self.profiler = profiler
+        self.automatic_step = timed(profiler, "training_step", self.automatic_step)
+        self.manual_step = timed(profiler, "training_step", self.manual_step)
+        self.backward = timed(profiler, "backward", self.backward)
+        self.optimizer_step = timed(profiler, "optimizer_step", self.optimizer_step)
 
 
 def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:

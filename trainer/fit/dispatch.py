@@ -80,6 +80,26 @@ class HookDispatcher:
         if event in self._module_hooks:
             self.call_module(event, *args)
 
+    def caller(self, event: str) -> Callable[..., None] | None:
+        """A function firing `event` as `call` does, its hooks looked up now (for events fired every batch, where
+        the lookups of `call` add up); None when nothing overrides `event`."""
+        callbacks, module_hook = self._callback_hooks.get(event, []), self._module_hooks.get(event)
+        if not callbacks and module_hook is None:
+            return None
+        owner, module, call_module = self.owner, self.module, self.call_module
+
+        def fire(*args: Any) -> None:
+            for callback, method in callbacks:
+                try:
+                    method(owner, module, *args)
+                except Exception as err:
+                    add_note(err, f"raised in callback {type(callback).__name__}.{event}")
+                    raise
+            if module_hook is not None:
+                call_module(event, *args)
+
+        return fire
+
     def call_callbacks(self, event: str, *args: Any, monitoring: bool | None = None) -> None:
         """Fire `event` on the callbacks only: all of them, or (`monitoring` True/False) only those that do / do not
         monitor a metric (see `monitors_metrics`)."""

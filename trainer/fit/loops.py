@@ -87,14 +87,15 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         _validate(trainer, val_loaders)
     _close_stepping_batch(state)
     train_batch = TrainBatch(trainer) if trainer.profiler is None else ProfiledTrainBatch(trainer)
+    validates = bool(val_loaders)
     for batch_idx, batch in zip(range(start, total), batches):  # range first: no batch is drawn past the limit
-        validate = state["validation_pending"] = bool(val_loaders) and _validation_due(trainer, batch_idx)  # saved by checkpoints
+        validate = state["validation_pending"] = validates and _validation_due(trainer, batch_idx)  # saved by checkpoints
         go_on = train_batch(batch, batch_idx)
         if validate and go_on:
             _validate(trainer, val_loaders)
         state["validation_pending"] = False
         _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
-        if not go_on or max_steps_reached(trainer):
+        if not go_on or (trainer.max_steps is not None and state["global_step"] >= trainer.max_steps):  # max_steps_reached
             break
         if trainer.agreed_signal and preemption.due(trainer) and batch_idx + 1 < total:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)

@@ -68,16 +68,18 @@ class ProfiledDispatcher(HookDispatcher):
     def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: Any, profiler: SimpleProfiler) -> None:
         super().__init__(module, module_base, callbacks, owner)
         name = type(module).__name__
-        self._module_hooks = {event: _timed(profiler, f"[LightningModule]{name}.{event}", hook) for event, hook in self._module_hooks.items()}
+        self._module_hooks = {event: timed(profiler, f"[LightningModule]{name}.{event}", hook) for event, hook in self._module_hooks.items()}
         self._callback_hooks = {
-            event: [(cb, _timed(profiler, f"[Callback]{type(cb).__name__}.{event}", method)) for cb, method in hooks]
+            event: [(cb, timed(profiler, f"[Callback]{type(cb).__name__}.{event}", method)) for cb, method in hooks]
             for event, hooks in self._callback_hooks.items()
         }
 
 
-def _timed(profiler: SimpleProfiler, action: str, hook: Callable[..., Any]) -> Callable[..., Any]:
-    def timed(*args: Any) -> Any:
+def timed(profiler: SimpleProfiler, action: str, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """`hook`, timed under `action` by `profiler` at every call."""
+
+    def timed_hook(*args: Any) -> Any:
         with profiler.time(action):
             return hook(*args)
 
-    return timed
+    return timed_hook
