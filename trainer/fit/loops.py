@@ -95,7 +95,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
             _validate(trainer, val_loaders)
         state["validation_pending"] = False
         _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
-        if not go_on or (trainer.max_steps is not None and state["global_step"] >= trainer.max_steps):  # max_steps_reached
+        if not go_on or max_steps_reached(trainer):
             break
         if trainer.agreed_signal and preemption.due(trainer) and batch_idx + 1 < total:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
