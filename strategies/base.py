@@ -150,7 +150,10 @@ class Strategy:
         """Backward of `loss` divided by `accumulation_steps`; `boundary` says this is the last micro-batch before a step."""
         if accumulation_steps > 1:
             loss = loss / accumulation_steps
-        self.precision.backward(loss, **kwargs)
+        if kwargs:
+            self.precision.backward(loss, **kwargs)
+        else:  # every step: a plain call costs less than unpacking an empty dict (the same below)
+            self.precision.backward(loss)
 
     def prepare_for_backward(self, module: nn.Module, output: Any) -> None:
         """Arm gradient synchronization for a backward of `output` computed outside `module`'s forward.
@@ -160,7 +163,7 @@ class Strategy:
         """
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
-        return self.precision.optimizer_step(optimizer, **kwargs)
+        return self.precision.optimizer_step(optimizer, **kwargs) if kwargs else self.precision.optimizer_step(optimizer)
 
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         """Skip gradient synchronization inside the block (gradient accumulation)."""

@@ -100,7 +100,10 @@ class Precision:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        if kwargs:
+            loss.backward(**kwargs)
+        else:  # every step: a plain call costs less than unpacking an empty dict (the same below)
+            loss.backward()
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale `optimizer`'s gradients once per step (before clipping)."""
@@ -111,7 +114,10 @@ class Precision:
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         """Step `optimizer`; return False when fp16 loss scaling skipped the step (inf/nan gradients)."""
         if self.scaler is None:
-            optimizer.step(**kwargs)
+            if kwargs:
+                optimizer.step(**kwargs)
+            else:
+                optimizer.step()
             self.step_was_skipped = False
             return True
         scale_before = self.scaler.get_scale()

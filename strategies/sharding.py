@@ -122,23 +122,30 @@ def shard_spans(
     drop_last: bool = False,
     start: int = 0,
 ) -> Iterator[tuple[int, int]]:
-    """Yield ``(begin, end)`` positions of each batch of one process, from its batch number ``start`` on.
+    """An iterator over the ``(begin, end)`` positions of each batch of one process, from its batch number
+    ``start`` on.
 
     Positions at or past ``length`` wrap to the start of the pass (see `take_span`). Seeking to ``start``
     costs nothing, whatever ``start`` is.
 
     Example (two processes, ``length=22``, ``batch_size=3``): process 1 gets ``(3, 6), (9, 12), (15, 18), (21, 24)``.
+
+    The positions are arithmetic progressions, so the iterator is built of ``range`` and ``zip``: drawing a span
+    runs no Python code (it is drawn once per batch by the prepared loader).
     """
     n_batches = shard_num_batches(
         length, batch_size, num_processes, process_index,
         split_batches=split_batches, even_batches=even_batches, drop_last=drop_last,
     )
     per, total = batch_sizes(batch_size, num_processes, split_batches)
+    offset = process_index * per
+    begins = range(max(start, 0) * total + offset, n_batches * total + offset, total)
+    if not begins:
+        return iter(())
+    last = begins[-1]
     clip = not ((even_batches and num_processes > 1) or drop_last)
-    for k in range(max(start, 0), n_batches):
-        begin = k * total + process_index * per
-        end = begin + per
-        yield begin, (length if clip and end > length else end)
+    last_end = length if clip and last + per > length else last + per  # only the last batch can be short
+    return itertools.chain(zip(begins[:-1], range(begins[0] + per, last + per, total)), ((last, last_end),))
 
 
 def take_span(indices: Sequence[T], begin: int, end: int, total_batch_size: int) -> list[T]:

@@ -183,6 +183,34 @@ def test_fp16_skipped_step_is_reported():
     assert acc.optimizer_step_was_skipped
 
 
+@pytest.mark.parametrize("mixed_precision", ["no", "fp16"])
+def test_backward_and_step_pass_their_arguments_on(mixed_precision):
+    """backward's keywords reach loss.backward (with and without a scaler) and step's closure reaches the optimizer."""
+    acc = Accelerator(cpu=True, mixed_precision=mixed_precision)
+    model = acc.prepare(torch.nn.Linear(3, 1, bias=False))  # a bias's gradient, scaled, would overflow fp16
+    with torch.no_grad():
+        model.weight.zero_()  # a zero loss, so scaled it stays finite in fp16
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = model(torch.full((2, 3), 0.5)).mean()  # each weight's gradient: 0.5 (times the scale: 32768 fits fp16)
+    acc.backward(loss, retain_graph=True)
+    acc.backward(loss)  # the graph was kept: a second backward works and doubles the gradient
+    scale = acc.scaler.get_scale() if acc.scaler is not None else 1.0
+    torch.testing.assert_close(model.weight.grad / scale, torch.full((1, 3), 1.0))
+    if acc.scaler is not None:  # torch's GradScaler refuses closures
+        opt.step()
+    else:
+        evaluated = []
+
+        def closure():
+            evaluated.append(True)
+            return loss.detach()
+
+        opt.step(closure)
+        assert evaluated == [True]
+    assert not acc.optimizer_step_was_skipped
+    torch.testing.assert_close(model.weight.detach(), torch.full((1, 3), -0.1))  # stepped: 0 - lr * 1.0
+
+
 def test_clip_grad_norm_unscales_first():
     acc = Accelerator(cpu=True, mixed_precision="fp16")
     model = acc.prepare(torch.nn.Linear(3, 1))

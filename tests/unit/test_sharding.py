@@ -16,6 +16,7 @@ from strategies.sharding import (
     shard_batches,
     shard_indices,
     shard_num_batches,
+    shard_spans,
     shard_stream,
 )
 
@@ -147,6 +148,25 @@ def test_coverage_counts_and_trimmed_gather(length, batch_size, num_processes, s
         assert all(len(b) == total // num_processes for batches in per_rank for b in batches)
     real = last_batch_real_count(length, batch_size, num_processes, split_batches=split_batches, drop_last=drop_last)
     assert gather_in_order(per_rank, real) == list(range(kept))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(**sizes)
+def test_spans_follow_the_dealing_formula(length, batch_size, num_processes, split_batches, even_batches, drop_last):
+    """Step k of rank r is positions [k * total + r * per, ... + per), the last one clipped to the pass when
+    nothing is padded; every start seeks to the same spans."""
+    batch_size = fix_split(batch_size, num_processes, split_batches)
+    flags = {"split_batches": split_batches, "even_batches": even_batches, "drop_last": drop_last}
+    total = batch_size if split_batches else batch_size * num_processes
+    per = total // num_processes
+    pads = (even_batches and num_processes > 1) or drop_last
+    for r in range(num_processes):
+        n = shard_num_batches(length, batch_size, num_processes, r, **flags)
+        expected = [(k * total + r * per, k * total + r * per + per) for k in range(n)]
+        if expected and not pads:
+            expected[-1] = (expected[-1][0], min(expected[-1][1], length))
+        for start in range(-1, n + 2):
+            assert list(shard_spans(length, batch_size, num_processes, r, start=start, **flags)) == expected[max(start, 0):]
 
 
 @settings(max_examples=200, deadline=None, database=None)

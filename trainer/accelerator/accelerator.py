@@ -330,7 +330,11 @@ class Accelerator(ProcessLayout):
                 f"backward needs a scalar loss, got a tensor of shape {tuple(loss.shape)}; reduce it first (e.g. loss.mean() "
                 "or loss.sum()), or pass gradient= for a non-scalar backward"
             )
-        self.strategy.backward(loss, accumulation_steps=self.gradient_accumulation_steps, boundary=self.sync_gradients, **kwargs)
+        steps = self.gradient_plugin.num_steps  # gradient_accumulation_steps, without the property's call (every step)
+        if kwargs:
+            self.strategy.backward(loss, accumulation_steps=steps, boundary=self.sync_gradients, **kwargs)
+        else:  # a plain call costs less than unpacking an empty dict
+            self.strategy.backward(loss, accumulation_steps=steps, boundary=self.sync_gradients)
 
     def _active_dataloader(self) -> Any:
         for loader in reversed(self._dataloaders):

@@ -46,8 +46,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
         if not self.accelerator.sync_gradients:
             return
-        kwargs = {} if closure is None else {"closure": closure}
-        self.step_was_skipped = not self.accelerator.strategy.optimizer_step(self.optimizer, **kwargs)
+        strategy = self.accelerator.strategy
+        stepped = strategy.optimizer_step(self.optimizer) if closure is None else strategy.optimizer_step(self.optimizer, closure=closure)
+        self.step_was_skipped = not stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.accelerator.sync_gradients:
