@@ -28,6 +28,11 @@ class Callback:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
 
+    def _idle_batch_hooks(self, trainer: Trainer) -> frozenset[str]:
+        """The per-batch hooks this callback overrides that would do nothing all through the coming training epoch
+        (asked at its start); the loop leaves them out of that epoch's batches. None by default."""
+        return frozenset()
+
     # fit
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None: ...
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None: ...

@@ -160,6 +160,11 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self.dirpath = self.resolve_dirpath(trainer)
 
+    def _idle_batch_hooks(self, trainer: Trainer) -> frozenset[str]:
+        # saving by epoch only, this class's per-batch hook returns at once (a subclass's own hook is its business)
+        own = type(self).on_train_batch_end is ModelCheckpoint.on_train_batch_end
+        return frozenset({"on_train_batch_end"}) if own and self.every_n_train_steps < 1 else frozenset()
+
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         n = self.every_n_train_steps
         if n < 1 or trainer.global_step == 0 or trainer.global_step % n != 0 or not self._may_save(trainer):

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
+from callbacks.checkpoint import ModelCheckpoint
 from callbacks.events import ALL_EVENTS
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import TrainModule
@@ -252,6 +253,26 @@ def test_dispatch_skips_objects_that_do_not_override() -> None:
     assert dispatch.has("on_train_epoch_end")
     dispatch.call("on_train_epoch_end")
     assert cb.seen == 1
+
+
+class CountsBatches(ModelCheckpoint):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.batches += 1
+        super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
+
+
+def test_an_idle_per_batch_hook_is_left_out_of_the_epoch_but_not_a_subclass_own(tmp_path: Any) -> None:
+    by_epoch, by_steps = ModelCheckpoint(dirpath=tmp_path / "a"), ModelCheckpoint(dirpath=tmp_path / "b", every_n_train_steps=2)
+    assert HookDispatcher(None, TrainModule, [by_epoch], owner=None).caller("on_train_batch_end") is None
+    assert HookDispatcher(None, TrainModule, [by_steps], owner=None).caller("on_train_batch_end") is not None
+    counting = CountsBatches(dirpath=tmp_path / "c")  # saves by epoch, but overrides the hook: it runs every batch
+    trainer = _trainer(tmp_path, callbacks=[counting], max_epochs=2)
+    trainer.fit(RecordingModule([]), _loader())
+    assert counting.batches == 2 * trainer.num_training_batches
 
 
 class Broken(Callback):

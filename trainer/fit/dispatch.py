@@ -54,6 +54,9 @@ class HookDispatcher:
         module_base: the class whose no-op hooks mean "not overridden" for the module.
         callbacks: callbacks, already in the order they should run (see `order_callbacks`); they run before the module.
         owner: the object passed as ``trainer`` to callback hooks.
+
+    Every way of firing an event goes through a function `_firing` builds, once per event and selection of hooks
+    (kept for the run); the per-batch events get theirs from `caller` once per epoch.
     """
 
     def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: Any) -> None:
@@ -68,6 +71,7 @@ class HookDispatcher:
             hooks = [(cb, getattr(cb, event)) for cb in self.callbacks if _overrides(cb, event, Callback)]
             if hooks:
                 self._callback_hooks[event] = hooks
+        self._fires: dict[tuple[str, str], Callable[..., None]] = {}  # (event, which hooks) -> its firing function
 
     def has(self, event: str) -> bool:
         """True when at least one object overrides `event` (lets callers skip building arguments)."""
@@ -75,49 +79,60 @@ class HookDispatcher:
 
     def call(self, event: str, *args: Any) -> None:
         """Fire `event`: each callback's hook with ``(owner, module, *args)``, then the module's with ``*args``."""
-        if event in self._callback_hooks:
-            self.call_callbacks(event, *args)
-        if event in self._module_hooks:
-            self.call_module(event, *args)
+        if event in self._callback_hooks or event in self._module_hooks:
+            self._fire(event, "all")(*args)
 
     def caller(self, event: str) -> Callable[..., None] | None:
-        """A function firing `event` as `call` does, its hooks looked up now (for events fired every batch, where
-        the lookups of `call` add up); None when nothing overrides `event`."""
-        callbacks, module_hook = self._callback_hooks.get(event, []), self._module_hooks.get(event)
+        """A function firing `event` as `call` does, for an event fired every batch of the coming training epoch:
+        its hooks are looked up now, and a callback's hook it declares idle for the epoch (``_idle_batch_hooks``,
+        e.g. `ModelCheckpoint`'s per-batch hook when it saves by epoch only) is left out. None when no hook is left."""
+        owner = self.owner
+        callbacks = [(cb, hook) for cb, hook in self._callback_hooks.get(event, ()) if event not in cb._idle_batch_hooks(owner)]
+        module_hook = self._module_hooks.get(event)
         if not callbacks and module_hook is None:
             return None
-        owner, module, call_module = self.owner, self.module, self.call_module
-
-        def fire(*args: Any) -> None:
-            for callback, method in callbacks:
-                try:
-                    method(owner, module, *args)
-                except Exception as err:
-                    add_note(err, f"raised in callback {type(callback).__name__}.{event}")
-                    raise
-            if module_hook is not None:
-                call_module(event, *args)
-
-        return fire
+        return _firing(event, callbacks, module_hook, owner, self.module)
 
     def call_callbacks(self, event: str, *args: Any, monitoring: bool | None = None) -> None:
         """Fire `event` on the callbacks only: all of them, or (`monitoring` True/False) only those that do / do not
         monitor a metric (see `monitors_metrics`)."""
-        for callback, method in self._callback_hooks.get(event, ()):
-            if monitoring is not None and monitors_metrics(callback) != monitoring:
-                continue
-            try:
-                method(self.owner, self.module, *args)
-            except Exception as err:
-                add_note(err, f"raised in callback {type(callback).__name__}.{event}")
-                raise
+        if event in self._callback_hooks:
+            self._fire(event, {None: "callbacks", True: "monitoring", False: "not monitoring"}[monitoring])(*args)
 
     def call_module(self, event: str, *args: Any) -> None:
         """Fire `event` on the module only (the loop reduces epoch metrics around the module's epoch-end hooks)."""
-        hook = self._module_hooks.get(event)
-        if hook is not None:
+        if event in self._module_hooks:
+            self._fire(event, "module")(*args)
+
+    def _fire(self, event: str, which: str) -> Callable[..., None]:
+        """The function firing `event` on `which` hooks: "all", "module", "callbacks", "monitoring", "not monitoring"."""
+        fire = self._fires.get((event, which))
+        if fire is None:
+            callbacks = [] if which == "module" else self._callback_hooks.get(event, [])
+            if which in ("monitoring", "not monitoring"):
+                callbacks = [(cb, hook) for cb, hook in callbacks if monitors_metrics(cb) == (which == "monitoring")]
+            module_hook = self._module_hooks.get(event) if which in ("all", "module") else None
+            fire = self._fires[(event, which)] = _firing(event, callbacks, module_hook, self.owner, self.module)
+        return fire
+
+
+def _firing(event: str, callbacks: list[tuple[Callback, Callable[..., Any]]], module_hook: Callable[..., Any] | None,
+            owner: Any, module: Any) -> Callable[..., None]:
+    """A function calling each of `callbacks`' hooks with ``(owner, module, *args)``, then `module_hook` with ``*args``;
+    an error raised in one says where in a note ("raised in callback X.event")."""
+
+    def fire(*args: Any) -> None:
+        for callback, hook in callbacks:
             try:
-                hook(*args)
+                hook(owner, module, *args)
             except Exception as err:
-                add_note(err, f"raised in the module's hook {type(self.module).__name__}.{event}")
+                add_note(err, f"raised in callback {type(callback).__name__}.{event}")
                 raise
+        if module_hook is not None:
+            try:
+                module_hook(*args)
+            except Exception as err:
+                add_note(err, f"raised in the module's hook {type(module).__name__}.{event}")
+                raise
+
+    return fire
