@@ -108,7 +108,7 @@ class ProgressBar(Callback):
         self.eval_bar: Any = None
         self._pending = 0
         self._eval_pending = 0
-        self._last_loss: Any = None
+        self._last_output: Any = None  # the last training_step output (the Trainer passes it detached)
         self.position = 0  # tqdm's line offset (Lightning's process_position)
 
     @property
@@ -136,7 +136,7 @@ class ProgressBar(Callback):
     def postfix(self, trainer: Trainer) -> dict[str, float]:
         """The values shown after the bar: the last training loss, then ``trainer.progress_bar_metrics``."""
         shown: dict[str, float] = {}
-        loss = _to_float(self._last_loss) if self._last_loss is not None else None
+        loss = _to_float(_loss_of(self._last_output)) if self._last_output is not None else None
         if loss is not None:
             shown["loss"] = loss
         for name, value in dict(getattr(trainer, "progress_bar_metrics", None) or {}).items():
@@ -157,7 +157,7 @@ class ProgressBar(Callback):
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.train_bar is None:
             return
-        self._last_loss = _loss_of(outputs)
+        self._last_output = outputs  # its loss is taken out only on a redraw
         self._pending += 1
         if self._due(self.train_bar, self._pending):
             self._refresh_train_bar(trainer)
@@ -272,7 +272,7 @@ class ProgressBar(Callback):
     def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
         self._close_eval_bar()
         self._close_train_bar()
-        self._last_loss = None
+        self._last_output = None
 
     def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
         self._close_eval_bar()
