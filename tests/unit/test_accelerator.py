@@ -391,3 +391,59 @@ def test_missing_rng_states_are_an_error_not_skipped(tmp_path):
     (path / "checkpoint.json").write_text(json.dumps({"format_version": 1, "num_processes": 1}))
     with pytest.raises(CheckpointError, match="the RNG states of process 0 are missing"):
         acc.load_state(path)
+
+
+def _zero_grad_names(trace):
+    return [e.name for e in trace.events() if "zero_grad" in e.name]
+
+
+def test_zero_grad_sets_gradients_to_none_as_torch_does():
+    """The prepared optimizer's and the Trainer's zero_grad skip torch's profiler label, not its effect: every gradient
+    in every group becomes None (a frozen parameter's stays None), and the next backward fills them again."""
+    from trainer.accelerator.wrappers import zero_grad_to_none
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)))
+    model[0].bias.requires_grad_(False)
+    raw = torch.optim.SGD([{"params": [model[0].weight]}, {"params": list(model[1].parameters()), "lr": 0.5}], lr=0.1)
+    opt = acc.prepare(raw)
+    for zero in (opt.zero_grad, lambda: zero_grad_to_none(raw)):
+        acc.backward(model(torch.ones(2, 3)).sum())
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+        zero()
+        assert [p.grad for p in model.parameters()] == [None] * 4
+    opt.zero_grad(set_to_none=False)  # the other mode is torch's own: zeros, not None
+    acc.backward(model(torch.ones(2, 3)).sum())
+    opt.zero_grad(set_to_none=False)
+    assert all(bool((p.grad == 0).all()) for p in model.parameters() if p.requires_grad)
+
+
+def test_zero_grad_runs_torchs_method_under_the_profiler_and_an_optimizers_own():
+    """Under torch.profiler the trace keeps torch's zero_grad label; an optimizer defining zero_grad (in its class or
+    on the instance) has it called, with set_to_none=True."""
+    from trainer.accelerator.wrappers import zero_grad_to_none
+
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    param.grad = torch.ones(2)
+    with torch.profiler.profile() as trace:
+        zero_grad_to_none(opt)
+    assert param.grad is None
+    assert _zero_grad_names(trace) == ["Optimizer.zero_grad#SGD.zero_grad"]
+    param.grad = torch.ones(2)
+    with torch.profiler.profile() as quiet:
+        pass
+    zero_grad_to_none(opt)  # no profiler: the label is skipped
+    assert param.grad is None and _zero_grad_names(quiet) == []
+
+    calls = []
+
+    class Own(torch.optim.SGD):
+        def zero_grad(self, set_to_none=True):
+            calls.append(("class", set_to_none))
+
+    zero_grad_to_none(Own([param], lr=0.1))
+    patched = torch.optim.SGD([param], lr=0.1)
+    patched.zero_grad = lambda set_to_none=True: calls.append(("instance", set_to_none))
+    zero_grad_to_none(patched)
+    assert calls == [("class", True), ("instance", True)]

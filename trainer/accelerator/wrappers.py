@@ -7,6 +7,27 @@ from typing import Any
 
 import torch
 
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
+
+
+def zero_grad_to_none(optimizer: Any) -> None:
+    """``optimizer.zero_grad(set_to_none=True)``, without torch's per-call overhead where nothing can see the difference.
+
+    Torch's method sets each parameter's gradient to None inside a ``record_function`` label and a compiler
+    guard, which cost about 9 µs per call (on a 2-core CPU machine; as much as a tiny model's forward) and are seen
+    only by a ``torch.profiler`` trace. So for an optimizer whose class keeps torch's method (every ``torch.optim``
+    optimizer) this sets the gradients to None itself, as that method does, unless a profiler is recording: then,
+    and for any optimizer defining its own ``zero_grad`` (DeepSpeed's, a user's), the method runs.
+    """
+    if type(optimizer).zero_grad is not _TORCH_ZERO_GRAD or "zero_grad" in vars(optimizer) or _profiler_enabled():
+        optimizer.zero_grad(set_to_none=True)
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                p.grad = None
+
 
 class PreparedOptimizer(torch.optim.Optimizer):
     """Steps and zeroes only on gradient-accumulation boundaries; records fp16 skipped steps.
@@ -52,7 +73,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.accelerator.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            if set_to_none:
+                zero_grad_to_none(self.optimizer)
+            else:
+                self.optimizer.zero_grad(set_to_none=False)
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.accelerator.wrappers import zero_grad_to_none
 from trainer.fit.profiler import timed
 from trainer.fit.transfer import transfer_batch
 
@@ -62,7 +63,7 @@ class TrainBatch:
         self.check_nonfinite = trainer._args.on_nonfinite is not None
         self.optimizer: Any = trainer.optimizers[0] if trainer.optimizers else None
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
-        self.zero_grad: Any = _inner(self.optimizer).zero_grad if self.optimizer is not None else None
+        self.inner_optimizer: Any = _inner(self.optimizer)
 
     def __call__(self, batch: Any, batch_idx: int) -> bool:
         """Run one batch; return False (having done nothing more) when the processes agreed to stop."""
@@ -118,7 +119,7 @@ class TrainBatch:
         if position == 0:  # Lightning's place: the window's first batch, after training_step
             if "on_before_zero_grad" in hooks:
                 hooks["on_before_zero_grad"](self.optimizer)
-            self.zero_grad(set_to_none=True)
+            zero_grad_to_none(self.inner_optimizer)
         if not skip:
             if "on_before_backward" in hooks:
                 hooks["on_before_backward"](loss)
