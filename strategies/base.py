@@ -165,6 +165,15 @@ class Strategy:
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         return self.precision.optimizer_step(optimizer, **kwargs) if kwargs else self.precision.optimizer_step(optimizer)
 
+    def plain_steps(self) -> bool:
+        """True when `backward` (of an unscaled loss) is ``loss.backward()`` and `optimizer_step` is ``optimizer.step()``:
+        no loss scaler and neither method overridden here or in the precision. The faces then make those calls
+        themselves, two layers of calls less per step."""
+        precision = type(self.precision)
+        return (self.precision.scaler is None and type(self).backward is Strategy.backward
+                and type(self).optimizer_step is Strategy.optimizer_step and precision.backward is Precision.backward
+                and precision.optimizer_step is Precision.optimizer_step)
+
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         """Skip gradient synchronization inside the block (gradient accumulation)."""
         return contextlib.nullcontext()

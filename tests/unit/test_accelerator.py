@@ -447,3 +447,43 @@ def test_zero_grad_runs_torchs_method_under_the_profiler_and_an_optimizers_own()
     patched.zero_grad = lambda set_to_none=True: calls.append(("instance", set_to_none))
     zero_grad_to_none(patched)
     assert calls == [("class", True), ("instance", True)]
+
+
+def test_backward_and_step_go_through_a_strategy_that_overrides_them():
+    """Where the strategy or its precision does more than loss.backward() / optimizer.step() (a subclass, a loss
+    scaler), the prepared calls go through it; otherwise they make those calls directly, with the same result."""
+    from strategies.precision import Precision
+    from strategies.single_device import SingleDeviceStrategy
+
+    calls = []
+
+    class Counting(SingleDeviceStrategy):
+        def backward(self, loss, **kwargs):
+            calls.append("backward")
+            super().backward(loss, **kwargs)
+
+        def optimizer_step(self, optimizer, **kwargs):
+            calls.append("step")
+            return super().optimizer_step(optimizer, **kwargs)
+
+    class CountingPrecision(Precision):
+        def backward(self, loss, **kwargs):
+            calls.append("precision backward")
+            super().backward(loss, **kwargs)
+
+    plain = SingleDeviceStrategy(cpu=True)
+    scaled = SingleDeviceStrategy(cpu=True, precision="fp16")
+    assert plain.plain_steps() and not scaled.plain_steps() and not Counting(cpu=True).plain_steps()
+    scaled.precision = CountingPrecision()
+    assert not scaled.plain_steps()
+    results = []
+    for strategy in (plain, Counting(cpu=True), scaled):
+        torch.manual_seed(0)
+        acc = Accelerator(strategy=strategy)
+        model = acc.prepare(torch.nn.Linear(3, 1))
+        opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+        acc.backward(model(torch.ones(2, 3)).sum())
+        opt.step()
+        results.append(model.weight.detach().clone())
+    assert calls == ["backward", "step", "precision backward"]
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])

@@ -124,6 +124,7 @@ class Accelerator(ProcessLayout):
                                          **deepspeed_plugin.strategy_kwargs())
         self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
         self.strategy.setup_environment()
+        self._plain_steps = self.strategy.plain_steps()  # backward is loss.backward(), a step optimizer.step()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
         self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
@@ -333,6 +334,8 @@ class Accelerator(ProcessLayout):
         steps = self.gradient_plugin.num_steps  # gradient_accumulation_steps, without the property's call (every step)
         if kwargs:
             self.strategy.backward(loss, accumulation_steps=steps, boundary=self.sync_gradients, **kwargs)
+        elif steps == 1 and self._plain_steps:  # what the strategy would do, without its two layers of calls
+            loss.backward()
         else:  # a plain call costs less than unpacking an empty dict
             self.strategy.backward(loss, accumulation_steps=steps, boundary=self.sync_gradients)
 

@@ -65,9 +65,14 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        if not self.accelerator.sync_gradients:
+        accelerator = self.accelerator
+        if not accelerator.sync_gradients:
             return
-        strategy = self.accelerator.strategy
+        if closure is None and accelerator._plain_steps:  # what the strategy would do, without its two layers of calls
+            self.optimizer.step()
+            self.step_was_skipped = False
+            return
+        strategy = accelerator.strategy
         stepped = strategy.optimizer_step(self.optimizer) if closure is None else strategy.optimizer_step(self.optimizer, closure=closure)
         self.step_was_skipped = not stepped
 

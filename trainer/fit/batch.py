@@ -91,7 +91,7 @@ class TrainBatch:
         # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
         state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
         if "on_train_batch_end" in hooks:
-            hooks["on_train_batch_end"](_detached(output), batch, batch_idx)
+            hooks["on_train_batch_end"](output.detach() if type(output) is torch.Tensor else _detached(output), batch, batch_idx)
         if boundary and (state["batches_that_stepped"] + 1) % trainer.log_every_n_steps == 0:
             trainer._send_to_trackers(self.results.flush_step(), state["batches_that_stepped"])
         return not stop

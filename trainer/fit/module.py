@@ -313,8 +313,11 @@ class TrainModule(nn.Module):
         computed (with its own distributed sync) and reset at epoch end. With several evaluation loaders a
         name logged in their steps becomes ``name/dataloader_idx_<i>`` unless ``add_dataloader_idx=False``.
         """
-        results = self.trainer._results  # positional: this runs every step, and keyword passing costs
-        results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size, add_dataloader_idx)
+        trainer = self._trainer  # not the property: this runs every step
+        if trainer is None:
+            trainer = self.trainer  # raises: not attached
+        # positional: keyword passing costs
+        trainer._results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size, add_dataloader_idx)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` every item of `dictionary` with the same keyword arguments."""

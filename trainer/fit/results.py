@@ -167,8 +167,10 @@ class ResultsStore:
         """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
         key = (name, self.stage, self.step_context, self.epoch_end, self.dataloader_suffix, on_step, on_epoch, prog_bar, logger,
                sync_dist, reduce_fx, batch_size, add_dataloader_idx)
-        checked = self._checked.get(key) if self.enabled and isinstance(value, torch.Tensor) and isinstance(reduce_fx, str) else None
-        if checked is not None:  # the per-step path: this exact call was validated before
+        # The per-step path: this exact call, with a tensor, was validated before. Only such calls with a string
+        # reduce_fx are remembered, and never in predict (disabled; its stage is in the key).
+        checked = self._checked.get(key)
+        if checked is not None and isinstance(value, torch.Tensor):
             known, full_name, known_key, known_step, known_epoch = checked
             value = value.detach() if value.dim() == 0 else self._as_value(name, value)
             if known_epoch:
