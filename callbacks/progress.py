@@ -107,6 +107,7 @@ class ProgressBar(Callback):
         self.train_bar: Any = None
         self.eval_bar: Any = None
         self._pending = 0
+        self._check_at = refresh_rate  # the train bar's pending count at which a redraw may next be due
         self._eval_pending = 0
         self._last_output: Any = None  # the last training_step output (the Trainer passes it detached)
         self.position = 0  # tqdm's line offset (Lightning's process_position)
@@ -153,14 +154,18 @@ class ProgressBar(Callback):
         total = _total(getattr(trainer, "num_training_batches", None))
         self.train_bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
         self._pending = 0
+        self._check_at = self._next_check(self.train_bar, self._last_draw)
 
     def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.train_bar is None:
             return
         self._last_output = outputs  # its loss is taken out only on a redraw
         self._pending += 1
-        if self._due(self.train_bar, self._pending):
-            self._refresh_train_bar(trainer)
+        if self._pending >= self._check_at:  # before it no redraw is due: most batches end here
+            now = time.monotonic()
+            if self._due(self.train_bar, self._pending, now):
+                self._refresh_train_bar(trainer)
+            self._check_at = self._next_check(self.train_bar, now)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.train_bar is None:
@@ -171,17 +176,32 @@ class ProgressBar(Callback):
     def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         self._close_train_bar()
 
-    def _due(self, bar: Any, pending: int) -> bool:
-        """Redraw on the last batch, else every `refresh_rate` batches once `min_interval` has passed."""
+    def _due(self, bar: Any, pending: int, now: float | None = None) -> bool:
+        """Redraw on the last batch, else every `refresh_rate` batches once `min_interval` has passed (at `now`)."""
         if bar.total is not None and bar.n + pending >= bar.total:
             return True
         if pending < self.refresh_rate:
             return False
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if now - self._last_draw < self.min_interval:
             return False
         self._last_draw = now
         return True
+
+    def _next_check(self, bar: Any, now: float) -> int:
+        """The pending count at which the train bar's redraw may next be due, so the clock is not read every batch.
+
+        ``refresh_rate`` batches after a redraw. Otherwise ``min_interval`` had not passed: at the pace since the last
+        redraw, the batches the rest of it takes (at least one more). Never past the epoch's last batch.
+        """
+        pending = self._pending
+        check = self.refresh_rate
+        if pending:
+            elapsed = now - self._last_draw
+            check = pending + max(1, math.ceil((self.min_interval - elapsed) * pending / max(elapsed, 1e-9)))
+        if bar.total is not None:
+            check = min(check, max(bar.total - bar.n, 1))
+        return check
 
     def _refresh_train_bar(self, trainer: Trainer) -> None:
         self.train_bar.update(self._pending)

@@ -162,7 +162,7 @@ def prepare_values(
     tensors: dict[str, Any] = {}
     result: dict[str, Any] = {}
     for key, value in flat.items():
-        if isinstance(value, (bool, str)) or (isinstance(value, numbers.Real) and not hasattr(value, "shape")):
+        if type(value) in _PLAIN or isinstance(value, (bool, str)) or (isinstance(value, numbers.Real) and not hasattr(value, "shape")):
             result[key] = value
         elif _is_tensor(value) and value.numel() == 1 and not value.is_complex():
             tensors[key] = value
@@ -176,6 +176,9 @@ def prepare_values(
     if tensors:
         result.update(_tensors_to_python(tensors))
     return {key: value for key, value in result.items() if value is not None}
+
+
+_PLAIN = (float, int, bool, str)  # kept as they are, checked first: the Trainer's step values are all floats
 
 
 def _is_tensor(value: Any) -> bool:

@@ -118,14 +118,18 @@ class CSVTracker(GeneralTracker):
     def _widen_header(self, new: list[str]) -> None:
         """Add columns: ``step``, then ``epoch``, then metrics; rewrite the rows already written."""
         rows: list[dict[str, str]] = []
+        if self._file is not None and not self._fieldnames and self._file.tell() == 0:  # nothing written yet: no rewrite
+            self._fieldnames = _header_order(new)
+            assert self._writer is not None
+            self._writer.fieldnames = self._fieldnames
+            self._writer.writeheader()
+            return
         if self._file is not None:
             self._file.close()
             assert self.metrics_file is not None
             with open(self.metrics_file, newline="") as handle:
                 rows = list(csv.DictReader(handle))
-        names = self._fieldnames + new
-        head = [name for name in ("step", "epoch") if name in names]
-        self._fieldnames = head + [name for name in names if name not in head]
+        self._fieldnames = _header_order(self._fieldnames + new)
         tmp = self.metrics_file.with_suffix(".csv.tmp")  # type: ignore[union-attr]
         with open(tmp, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=self._fieldnames, restval="")
@@ -133,6 +137,12 @@ class CSVTracker(GeneralTracker):
             writer.writerows(rows)
         os.replace(tmp, self.metrics_file)  # type: ignore[arg-type]
         self._open(append=True)
+
+
+def _header_order(names: list[str]) -> list[str]:
+    """``step``, then ``epoch``, then the metrics in order of first appearance."""
+    head = [name for name in ("step", "epoch") if name in names]
+    return head + [name for name in names if name not in head]
 
 
 def _new_version_dir(root: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import types
 from datetime import timedelta
 
 import pytest
@@ -255,6 +256,40 @@ def test_progress_bar_redraws_at_most_every_min_interval(tmp_path):
     assert counts <= {"0", "8"} and "8" in counts
     with pytest.raises(ValueError, match="min_interval=-1"):
         ProgressBar(min_interval=-1)
+
+
+class _BatchClock(Callback):
+    """A clock that moves 10 ms per training batch, and counts how often it is read."""
+
+    def __init__(self) -> None:
+        self.batches, self.reads = 0, 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batches += 1
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return self.batches * 0.01
+
+
+@pytest.mark.timeout(120)
+def test_progress_bar_reads_the_clock_on_few_batches_and_still_redraws_every_min_interval(tmp_path, monkeypatch):
+    """The train bar does not read the clock every batch: at the pace since its last redraw it waits the batches the
+    rest of min_interval takes. At 10 ms a batch and min_interval=0.1 s it still redraws every 10 to 12 batches."""
+    clock, stream, redraws = _BatchClock(), io.StringIO(), []
+
+    class CountingBar(ProgressBar):
+        def _refresh_train_bar(self, trainer):
+            redraws.append(self._pending)
+            super()._refresh_train_bar(trainer)
+
+    monkeypatch.setattr("callbacks.progress.time", types.SimpleNamespace(monotonic=clock.monotonic))  # the bar's clock only
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[clock, CountingBar(refresh_rate=1, file=stream, min_interval=0.1)])
+    trainer.fit(TinyModule(), _loader(n=960))  # 120 batches
+    assert clock.batches == 120
+    *steady, _last_batch, epoch_end = redraws  # then the last batch's redraw and the epoch end's (nothing pending)
+    assert all(10 <= n <= 12 for n in steady) and len(steady) >= 9 and sum(redraws) == 120 and epoch_end == 0, str(redraws)
+    assert clock.reads <= 40, clock.reads  # read on every batch before: 120 reads
 
 
 @pytest.mark.timeout(120)

@@ -364,7 +364,9 @@ class ResultsStore:
         names = list(values)
         tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
         host: list[float] = []
-        if tensors:
+        if len(tensors) == 1:  # one read either way, without building a stack (exact, as the float64 conversion)
+            host = [tensors[0].item()]
+        elif tensors:
             host = torch.stack([t.detach().reshape(()).to(self.device, torch.float64) for t in tensors]).tolist()
         it = iter(host)
         return {n: float(next(it)) if isinstance(values[n], torch.Tensor) else float(values[n]) for n in names}
