@@ -116,7 +116,8 @@ class CSVTracker(GeneralTracker):
         self._writer = csv.DictWriter(self._file, fieldnames=self._fieldnames, restval="")
 
     def _widen_header(self, new: list[str]) -> None:
-        """Add columns: ``step``, then ``epoch``, then metrics; rewrite the rows already written."""
+        """Add columns: ``step``, then ``epoch``, then metrics; rewrite the rows already written (a file with
+        nothing written yet gets its header in place)."""
         rows: list[dict[str, str]] = []
         if self._file is not None and not self._fieldnames and self._file.tell() == 0:  # nothing written yet: no rewrite
             self._fieldnames = _header_order(new)

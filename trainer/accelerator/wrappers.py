@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-_profiler_enabled = torch._C._autograd._profiler_enabled
+# whether a torch.profiler (or emit_nvtx / emit_itt) records; a torch without the check counts as always recording
+_profiler_enabled = getattr(torch.autograd, "_profiler_enabled", lambda: True)
 _TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
 
 
