@@ -353,11 +353,12 @@ def run(*, quick: bool) -> list[Section]:
 
 
 @contextlib.contextmanager
-def _timers(targets: dict[str, tuple[Any, str]]) -> Any:
-    """Wrap each function ``owner.name`` in a timer that adds its seconds to ``totals[part]``; restore them after."""
+def _timers(targets: dict[str, list[tuple[Any, str]]]) -> Any:
+    """Wrap each function ``owner.name`` of a part in a timer that adds its seconds to ``totals[part]``; restore them
+    after."""
     totals = dict.fromkeys(targets, 0.0)
     saved = []
-    for part, (owner, name) in targets.items():
+    for part, owner, name in ((part, owner, name) for part, functions in targets.items() for owner, name in functions):
         original = getattr(owner, name)
 
         def timed(*args: Any, _original: Any = original, _part: str = part, **kwargs: Any) -> Any:
@@ -388,13 +389,13 @@ def part_costs(work: Workload, data: TensorDataset, rounds: int) -> str:
     from trainer.fit.trainer import Trainer
 
     targets = {
-        "self.log": (TrainModule, "log"),
-        "progress bar (its per-batch hook)": (ProgressBar, "on_train_batch_end"),
-        "CSV tracker (step values to floats and a written, flushed row, every log_every_n_steps)": (ResultsStore, "flush_step"),
-        "trackers' dispatch": (Trainer, "_send_to_trackers"),
-        "zero_grad": (batch, "zero_grad_to_none"),
-        "backward (with torch's)": (Accelerator, "backward"),
-        "optimizer step (with torch's)": (PreparedOptimizer, "step"),
+        "self.log": [(TrainModule, "log")],
+        "progress bar (its per-batch hook)": [(ProgressBar, "on_train_batch_end")],
+        "CSV tracker (step values to floats and a written, flushed row, every log_every_n_steps)":
+            [(ResultsStore, "flush_step"), (Trainer, "_send_to_trackers")],
+        "zero_grad": [(batch, "zero_grad_to_none")],
+        "backward (with torch's)": [(Accelerator, "backward")],
+        "optimizer step (with torch's)": [(PreparedOptimizer, "step")],
     }
     per_part: dict[str, list[float]] = {part: [] for part in targets}
     steps: list[float] = []
@@ -405,7 +406,6 @@ def part_costs(work: Workload, data: TensorDataset, rounds: int) -> str:
         for part, seconds in totals.items():
             per_part[part].append(seconds / work.num_batches * 1e6)
     parts = {part: statistics.median(values) for part, values in per_part.items()}
-    parts["CSV tracker (step values to floats and a written, flushed row, every log_every_n_steps)"] += parts.pop("trackers' dispatch")
     return ("Inside a `Trainer()` step with self.log (timers around each part, in runs of their own; µs per step, median of "
             f"{rounds} runs; each timer adds about 0.2 µs): " + "; ".join(f"{part} {value:.1f}" for part, value in parts.items())
             + f"; the whole step {statistics.median(steps):.1f} (forward, loss, data and the loop are the rest).")
