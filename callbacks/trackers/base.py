@@ -162,7 +162,7 @@ def prepare_values(
     tensors: dict[str, Any] = {}
     result: dict[str, Any] = {}
     for key, value in flat.items():
-        if type(value) in _PLAIN or isinstance(value, (bool, str)) or (isinstance(value, numbers.Real) and not hasattr(value, "shape")):
+        if type(value) in _PLAIN or isinstance(value, str) or (isinstance(value, numbers.Real) and not hasattr(value, "shape")):
             result[key] = value
         elif _is_tensor(value) and value.numel() == 1 and not value.is_complex():
             tensors[key] = value
@@ -178,7 +178,7 @@ def prepare_values(
     return {key: value for key, value in result.items() if value is not None}
 
 
-_PLAIN = (float, int, bool, str)  # kept as they are, checked first: the Trainer's step values are all floats
+_PLAIN = (float, int, bool, str)  # kept as they are, checked first (the Trainer's step values are all floats); bool has no subclasses
 
 
 def _is_tensor(value: Any) -> bool:
