@@ -158,6 +158,8 @@ def prepare_values(
             f"Tracker values must be a dict of name -> value, got {type(values).__name__}: {values!r}. "
             "Pass e.g. {'loss': loss} instead."
         )
+    if type(values) is dict and all(type(value) in _PLAIN for value in values.values()):  # the Trainer's step values
+        return {str(key): value for key, value in values.items()}
     flat = flatten_dict(values)
     tensors: dict[str, Any] = {}
     result: dict[str, Any] = {}

@@ -42,7 +42,7 @@ class CSVTracker(GeneralTracker):
         self.run_dir: Path | None = None
         self._fieldnames: list[str] = []
         self._file: IO[str] | None = None
-        self._writer: csv.DictWriter[str] | None = None
+        self._writer: Any = None  # a csv.writer: rows go out as lists in header order (the header is checked in log)
         self._config: dict[str, Any] = {}
 
     @property
@@ -96,7 +96,7 @@ class CSVTracker(GeneralTracker):
         if new:
             self._widen_header(new)
         assert self._writer is not None and self._file is not None
-        self._writer.writerow(row)
+        self._writer.writerow([row.get(name, "") for name in self._fieldnames])
         self._file.flush()
 
     @on_main_process
@@ -113,7 +113,7 @@ class CSVTracker(GeneralTracker):
     def _open(self, *, append: bool) -> None:
         assert self.metrics_file is not None
         self._file = open(self.metrics_file, "a" if append else "w", newline="")  # noqa: SIM115 - open across log() calls, closed in finish()
-        self._writer = csv.DictWriter(self._file, fieldnames=self._fieldnames, restval="")
+        self._writer = csv.writer(self._file)
 
     def _widen_header(self, new: list[str]) -> None:
         """Add columns: ``step``, then ``epoch``, then metrics; rewrite the rows already written (a file with
@@ -122,8 +122,7 @@ class CSVTracker(GeneralTracker):
         if self._file is not None and not self._fieldnames and self._file.tell() == 0:  # nothing written yet: no rewrite
             self._fieldnames = _header_order(new)
             assert self._writer is not None
-            self._writer.fieldnames = self._fieldnames
-            self._writer.writeheader()
+            self._writer.writerow(self._fieldnames)
             return
         if self._file is not None:
             self._file.close()

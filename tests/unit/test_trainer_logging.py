@@ -361,3 +361,42 @@ def test_on_step_in_validation_and_test_gives_lightnings_step_and_epoch_names(tm
     recorder.records.clear()
     assert trainer.test(module, _data(3, 2)) == [{"vloss_epoch": pytest.approx(1.0)}]
     assert [step for step, values in recorder.records if "vloss_step" in values] == [0, 1]  # a new run counts from 0
+
+
+class _BatchEndOutputs(Callback):
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, Any]] = []
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.seen.append((outputs, dict(trainer.callback_metrics)))
+
+
+class _LogsItsLoss(TrainModule):
+    """Logs the loss it returns on even batches, a dict with it on odd ones, and something else on batch 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("other" if batch_idx == 2 else "loss", loss * 2 if batch_idx == 2 else loss)
+        return {"loss": loss, "n": batch_idx} if batch_idx % 2 else loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_batch_end_outputs_are_detached_once_with_the_logged_loss(tmp_path: Any) -> None:
+    seen = _BatchEndOutputs()
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[seen])
+    trainer.fit(_LogsItsLoss(), _data(5, 1))
+    losses = [out["loss"] if isinstance(out, dict) else out for out, _ in seen.seen]
+    assert all(not loss.requires_grad and loss.grad_fn is None for loss in losses)
+    assert [out["n"] for out, _ in seen.seen[1::2]] == [1, 3]  # a dict keeps its other items
+    # a loss that self.log logged this batch reaches the hook as the very tensor the metrics hold (one detach)
+    for batch_idx in (0, 1, 3, 4):
+        assert losses[batch_idx] is seen.seen[batch_idx][1]["loss"]
+    # batch 2 logged another tensor: its output is detached on its own, and the stale "loss" is not reused
+    assert losses[2] is not seen.seen[2][1]["loss"] and losses[2] is not seen.seen[2][1]["other"]
+    assert float(seen.seen[2][1]["other"]) == pytest.approx(2 * float(losses[2]))

@@ -91,7 +91,7 @@ class TrainBatch:
         # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
         state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
         if "on_train_batch_end" in hooks:
-            hooks["on_train_batch_end"](output.detach() if type(output) is torch.Tensor else _detached(output), batch, batch_idx)
+            hooks["on_train_batch_end"](self.results.detached(output), batch, batch_idx)
         if boundary and (state["batches_that_stepped"] + 1) % trainer.log_every_n_steps == 0:
             trainer._send_to_trackers(self.results.flush_step(), state["batches_that_stepped"])
         return not stop
@@ -270,10 +270,3 @@ def _loss_of(output: Any) -> torch.Tensor | None:
         f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' key, or None to skip the batch"
     )
 
-
-def _detached(output: Any) -> Any:
-    if isinstance(output, torch.Tensor):
-        return output.detach()
-    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
-        return {**output, "loss": output["loss"].detach()}
-    return output

@@ -121,10 +121,13 @@ class ResultsStore:
         self.dataloader_suffix = ""  # "/dataloader_idx_<i>" while one of several evaluation loaders runs
         self.enabled = True
         self._entries: dict[str, dict[str, _Entry]] = {}
-        # a call repeating one already checked (same name, stage, context and arguments) -> (entry, name, step key)
-        self._checked: dict[tuple[Any, ...], tuple[_Entry, str, str, bool, bool]] = {}
+        # a call repeating one already checked (same name, stage, context and arguments) -> what it does with its value
+        self._checked: dict[tuple[Any, ...], Callable[[Any], None]] = {}
         self._batch: Any = None
         self._batch_size: int | None = None
+        # the last tensor the per-step path logged, and its detached copy (see `detached`); dropped at the next batch
+        self._logged: Any = None
+        self._logged_detached: Any = None
         self.callback_metrics: dict[str, Any] = {}
         self.logged_metrics: dict[str, Any] = {}
         self.progress_bar_metrics: dict[str, Any] = {}
@@ -137,12 +140,12 @@ class ResultsStore:
 
     def set_batch(self, batch: Any) -> None:
         """Remember the current batch; its size is inferred only if a logged mean needs it."""
-        self._batch, self._batch_size = batch, None
+        self._batch, self._batch_size, self._logged = batch, None, None
 
     def begin_batch(self, batch: Any, stage: str, step_context: bool) -> None:
         """`set_context` and `set_batch` in one call (once per training batch)."""
         self.stage, self.step_context, self.epoch_end = stage, step_context, False
-        self._batch, self._batch_size = batch, None
+        self._batch, self._batch_size, self._logged = batch, None, None
 
     def _current_batch_size(self) -> int:
         if self._batch_size is None:
@@ -167,16 +170,12 @@ class ResultsStore:
         """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
         key = (name, self.stage, self.step_context, self.epoch_end, self.dataloader_suffix, on_step, on_epoch, prog_bar, logger,
                sync_dist, reduce_fx, batch_size, add_dataloader_idx)
-        # The per-step path: this exact call, with a tensor, was validated before. Only such calls with a string
-        # reduce_fx are remembered, and never in predict (disabled; its stage is in the key).
-        checked = self._checked.get(key)
-        if checked is not None and isinstance(value, torch.Tensor):
-            known, full_name, known_key, known_step, known_epoch = checked
-            value = value.detach() if value.dim() == 0 else self._as_value(name, value)
-            if known_epoch:
-                self._record(known, full_name, known_key, value, batch_size, known_step, True, logger, prog_bar)
-            elif known_step:  # a step value only (the default in training steps): the short way
-                self._record_step(known, full_name, known_key, value, logger, prog_bar)
+        # The per-step path: this exact call, with a scalar tensor, was validated before, and its recorder kept. Only
+        # such calls with a string reduce_fx are remembered, and never in predict (disabled; its stage is in the key).
+        record = self._checked.get(key)
+        if record is not None and isinstance(value, torch.Tensor) and value.dim() == 0:
+            self._logged, self._logged_detached = value, value.detach()
+            record(self._logged_detached)
             return
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
@@ -193,7 +192,9 @@ class ResultsStore:
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
         metric = value if _is_metric(value) else None
         if metric is None:
-            value = self._as_value(name, value)
+            source, value = value, self._as_value(name, value)
+            if isinstance(source, torch.Tensor) and source.dim() == 0:
+                self._logged, self._logged_detached = source, value
         entries = self._entries.setdefault(self.stage, {})
         entry = entries.get(name)
         if entry is None:
@@ -215,28 +216,41 @@ class ResultsStore:
             value = getattr(metric, "_forward_cache", None) if on_step else None
             entry.updates += 1
             if on_step and value is not None:
-                self._record(entry, name, step_key, value, batch_size, on_step, False, logger, prog_bar)
+                self._recorder(entry, name, step_key, batch_size, on_step, False, logger, prog_bar)(value)
             return
-        self._record(entry, name, step_key, value, batch_size, on_step, on_epoch, logger, prog_bar)
+        record = self._recorder(entry, name, step_key, batch_size, on_step, on_epoch, logger, prog_bar)
+        record(value)
         if isinstance(value, torch.Tensor) and isinstance(reduce_fx, str):
-            self._checked[key] = (entry, name, step_key, on_step, on_epoch)
+            self._checked[key] = record
 
-    def _record(self, entry: _Entry, name: str, step_key: str, value: Any, batch_size: int | None,
-                on_step: bool, accumulate: bool, logger: bool, prog_bar: bool) -> None:
-        """Accumulate `value` into the epoch value (`accumulate`) and keep it as the step value (`on_step`)."""
-        if accumulate:
-            entry.accumulate(value, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
-        if on_step:
-            self._record_step(entry, name, step_key, value, logger, prog_bar)
+    def detached(self, output: Any) -> Any:
+        """A training step's `output` detached (for ``on_train_batch_end``): a loss this batch logged is detached once."""
+        if output is self._logged:
+            return self._logged_detached
+        if isinstance(output, torch.Tensor):
+            return output.detach()
+        if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+            return {**output, "loss": self.detached(output["loss"])}
+        return output
 
-    def _record_step(self, entry: _Entry, name: str, step_key: str, value: Any, logger: bool, prog_bar: bool) -> None:
-        entry.step_value, entry.step_dirty = value, True
-        metrics = self.callback_metrics
-        metrics[step_key] = metrics[name] = value
-        if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
-            self.logged_metrics[step_key] = value
-        if prog_bar:
-            self.progress_bar_metrics[step_key] = value
+    def _recorder(self, entry: _Entry, name: str, step_key: str, batch_size: int | None,
+                  on_step: bool, accumulate: bool, logger: bool, prog_bar: bool) -> Callable[[Any], None]:
+        """What a call does with its value, all else settled: accumulate it into the epoch value (`accumulate`),
+        keep it as the step value (`on_step`). A repeated call runs only this (a step value: four writes)."""
+        metrics, logged, shown = self.callback_metrics, self.logged_metrics, self.progress_bar_metrics  # cleared, never replaced
+
+        def record(value: Any) -> None:
+            if accumulate:
+                entry.accumulate(value, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
+            if on_step:
+                entry.step_value, entry.step_dirty = value, True
+                metrics[step_key] = metrics[name] = value
+                if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
+                    logged[step_key] = value
+                if prog_bar:
+                    shown[step_key] = value
+
+        return record
 
     def _as_value(self, name: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -296,7 +310,8 @@ class ResultsStore:
         dirty = {n: e for n, e in entries.items() if e.on_step and e.step_dirty}
         sync = stage == "train"
         synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None}) if sync else ({}, set())
-        reduced = self._reduce_values({n: ("mean", dirty[n].step_value, 1.0) if n in dirty else ("mean", None, None) for n in synced})
+        # the agreed names are the same on every rank: all of them reduce, or none does
+        reduced = self._reduce_values({n: ("mean", dirty[n].step_value, 1.0) if n in dirty else ("mean", None, None) for n in synced}) if synced else {}
         values: dict[str, Any] = {}
         for name, entry in dirty.items():
             entry.step_dirty = False
