@@ -320,3 +320,50 @@ def test_manual_optimization_calls_the_backward_and_step_hooks(tmp_path: Any) ->
     _fit(TwoPlayer(), tmp_path, max_epochs=1, callbacks=[record])
     one_batch = ["before_backward", "after_backward", "before_optimizer_step"] * 2  # discriminator, then generator
     assert record.events == one_batch * 4
+
+
+def test_fit_goes_through_a_strategy_that_overrides_backward_and_step(tmp_path: Any) -> None:
+    """The Trainer calls loss.backward() and the optimizer's step() itself only where the strategy would add nothing;
+    a strategy (or precision) doing more is called for every batch, with the same weights where it adds nothing new."""
+    from strategies.precision import Precision
+    from strategies.single_device import SingleDeviceStrategy
+
+    calls: list[str] = []
+
+    class Counting(SingleDeviceStrategy):
+        def backward(self, loss: Any, **kwargs: Any) -> None:
+            calls.append("backward")
+            super().backward(loss, **kwargs)
+
+        def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+            calls.append("step")
+            return super().optimizer_step(optimizer, **kwargs)
+
+    class CountingPrecision(Precision):
+        def backward(self, loss: Any, **kwargs: Any) -> None:
+            calls.append("precision backward")
+            super().backward(loss, **kwargs)
+
+    class Line(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    counted_precision = SingleDeviceStrategy(cpu=True)
+    counted_precision.precision = CountingPrecision()
+    weights = []
+    for strategy in (SingleDeviceStrategy(cpu=True), Counting(cpu=True), counted_precision):
+        torch.manual_seed(0)
+        module = Line()
+        trainer = Trainer(strategy=strategy, max_epochs=1, log_with=None, project_dir=tmp_path, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(module, DataLoader(TensorDataset(torch.randn(6, 2)), batch_size=2))
+        weights.append(module.layer.weight.detach().clone())
+    assert calls == ["backward", "step"] * 3 + ["precision backward"] * 3
+    assert torch.equal(weights[0], weights[1]) and torch.equal(weights[0], weights[2])

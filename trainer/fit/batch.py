@@ -59,6 +59,9 @@ class TrainBatch:
         self.manual_step = self._in_precision(module.training_step)
         self.backward = acc.backward
         self.optimizer_step = self._optimizer_step
+        # backward and the optimizer step straight to torch where the accelerator's would do just that (no loss
+        # scaling, no accumulation, a strategy with nothing to add: `Strategy.plain_steps`)
+        self.direct = acc._plain_steps and acc.gradient_plugin.num_steps == 1
         self.several_processes = trainer.world_size > 1
         self.check_nonfinite = trainer._args.on_nonfinite is not None
         self.optimizer: Any = trainer.optimizers[0] if trainer.optimizers else None
@@ -123,7 +126,10 @@ class TrainBatch:
         if not skip:
             if "on_before_backward" in hooks:
                 hooks["on_before_backward"](loss)
-            self.backward(loss)  # not skipped: the loss is a tensor
+            if self.direct and loss.dim() == 0:  # type: ignore[union-attr]
+                loss.backward()  # type: ignore[union-attr]
+            else:
+                self.backward(loss)  # not skipped: the loss is a tensor
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()
             state["accumulated"] += 1
@@ -158,7 +164,10 @@ class TrainBatch:
                 acc.clip_grad_norm_(params, trainer.gradient_clip_val)
             else:
                 acc.clip_grad_value_(params, trainer.gradient_clip_val)
-        optimizer.step()
+        if self.direct:
+            self.inner_optimizer.step()
+        else:
+            optimizer.step()
         state = self.state
         state["global_step"] += 1
         state["accumulated"] = 0
@@ -190,6 +199,7 @@ class ProfiledTrainBatch(TrainBatch):
         self.manual_step = timed(profiler, "training_step", self.manual_step)
         self.backward = timed(profiler, "backward", self.backward)
         self.optimizer_step = timed(profiler, "optimizer_step", self.optimizer_step)
+        self.direct = False  # backward through its timer
 
 
 def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:
