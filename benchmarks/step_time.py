@@ -354,19 +354,24 @@ def run(*, quick: bool) -> list[Section]:
 
 @contextlib.contextmanager
 def _timers(targets: dict[str, list[tuple[Any, str]]]) -> Any:
-    """Wrap each function ``owner.name`` of a part in a timer that adds its seconds to ``totals[part]``; restore them
-    after."""
+    """Wrap each function ``owner.name`` of a part in a timer that adds its seconds to ``totals[part]`` (a call inside
+    another of the same part counts once, in the outer one); restore them after."""
     totals = dict.fromkeys(targets, 0.0)
+    running = dict.fromkeys(targets, 0)
     saved = []
     for part, owner, name in ((part, owner, name) for part, functions in targets.items() for owner, name in functions):
         original = getattr(owner, name)
 
         def timed(*args: Any, _original: Any = original, _part: str = part, **kwargs: Any) -> Any:
+            if running[_part]:
+                return _original(*args, **kwargs)
+            running[_part] += 1
             start = time.perf_counter()
             try:
                 return _original(*args, **kwargs)
             finally:
                 totals[_part] += time.perf_counter() - start
+                running[_part] -= 1
 
         saved.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, timed)
@@ -394,8 +399,9 @@ def part_costs(work: Workload, data: TensorDataset, rounds: int) -> str:
         "CSV tracker (step values to floats and a written, flushed row, every log_every_n_steps)":
             [(ResultsStore, "flush_step"), (Trainer, "_send_to_trackers")],
         "zero_grad": [(batch, "zero_grad_to_none")],
-        "backward (with torch's)": [(Accelerator, "backward")],
-        "optimizer step (with torch's)": [(PreparedOptimizer, "step")],
+        # the Trainer calls torch's backward and step itself where the accelerator would only call them: timed there
+        "backward (with torch's)": [(Accelerator, "backward"), (torch.Tensor, "backward")],
+        "optimizer step (with torch's)": [(PreparedOptimizer, "step"), (batch.TrainBatch, "_optimizer_step")],
     }
     per_part: dict[str, list[float]] = {part: [] for part in targets}
     steps: list[float] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 import types
 from datetime import timedelta
 
@@ -236,6 +237,28 @@ def test_progress_bar_totals_and_postfix(tmp_path):
     assert "4/4" in _final_line(output, "Validation")
     assert "2/2" in _final_line(output, "Sanity Checking")
     assert bar.train_bar is None and bar.eval_bar is None
+
+
+class _Threads(Callback):
+    """The threads alive at each training batch's end."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seen.append(list(threading.enumerate()))
+
+
+@pytest.mark.timeout(120)
+def test_progress_bar_starts_no_thread(tmp_path):
+    """tqdm's monitor thread stays off: once a process has started a thread, every later step costs more."""
+    from tqdm._monitor import TMonitor
+
+    stream, threads = io.StringIO(), _Threads()
+    trainer = _trainer(tmp_path, callbacks=[ProgressBar(refresh_rate=2, file=stream), threads])
+    trainer.fit(TinyModule(), _loader())
+    assert "8/8" in _final_line(stream.getvalue(), "Epoch 0")
+    assert threads.seen and not any(isinstance(t, TMonitor) for alive in threads.seen for t in alive)
 
 
 @pytest.mark.timeout(120)
