@@ -319,9 +319,10 @@ LIMIT_TARGETS = {  # against the limit: the framework's own per-step cost
 
 
 def _threaded_once() -> None:
-    """Start and join one thread. From then on glibc and libstdc++ lock where a process that never started one does
-    not (about 4 µs per tiny step here), for good. Lightning's progress bar starts one (tqdm's monitor), so without this
-    the rows before its first run would be timed in the other state: now every row of every round shares it."""
+    """Start and join one thread. From then on pthread mutexes are locked where a process that never started one does
+    not lock them (about 1 % of a tiny step by perf samples), for good. Lightning's progress bar starts one (tqdm's
+    monitor), so without this the rows before its first run would be timed in the other state: now every row of every
+    round shares it."""
     thread = threading.Thread(target=lambda: None)
     thread.start()
     thread.join()
