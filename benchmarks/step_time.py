@@ -120,17 +120,27 @@ def _quiet() -> Any:
         yield
 
 
-def _raw_session(work: Workload, batches: Callable[[], Iterable[Any]]) -> Session:
-    """The plain PyTorch step over ``batches()`` (made inside the timed session, as a loader would be)."""
+def _raw_session(work: Workload, batches: Callable[[], Iterable[Any]], *, unlabelled: bool = False) -> Session:
+    """The plain PyTorch step over ``batches()`` (made inside the timed session, as a loader would be).
+
+    `unlabelled`: zero the gradients and step as both faces do, without torch's per-call profiler labels and hook
+    checks (`zero_grad_to_none`, `step_optimizer`), so the framework's own cost shows against the same torch work.
+    """
     model = _net(work)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    zero_grad: Callable[[], Any] = optimizer.zero_grad
+    step: Callable[[], Any] = optimizer.step
+    if unlabelled:
+        from trainer.accelerator.wrappers import step_optimizer, zero_grad_to_none
+
+        zero_grad, step = functools.partial(zero_grad_to_none, optimizer), functools.partial(step_optimizer, optimizer)
     begin = time.perf_counter()
     model.train()
     for x, y in batches():
-        optimizer.zero_grad()
+        zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
-        optimizer.step()
+        step()
     total = time.perf_counter() - begin
     return Session(model.clock.per_step(), total, model.state_dict())
 
@@ -147,13 +157,14 @@ def raw_sliced_loop(work: Workload, data: TensorDataset) -> Session:
     return _raw_session(work, lambda: ((inputs[s:s + size].clone(), targets[s:s + size].clone()) for s in range(0, len(inputs), size)))
 
 
-def raw_indexed_loop(work: Workload, data: TensorDataset) -> Session:
+def raw_indexed_loop(work: Workload, data: TensorDataset, *, unlabelled: bool = False) -> Session:
     """The limit for our prepared loader: the raw loop over the same batches, each fetched by one indexed read per
-    tensor, as the prepared loader fetches them. What a framework row costs beyond this row is its own overhead."""
+    tensor, as the prepared loader fetches them. What a framework row costs beyond this row is its own overhead.
+    With `unlabelled`, it zeroes and steps as the faces do (see `_raw_session`)."""
     inputs, targets = data.tensors
     order, size = torch.arange(len(inputs)), work.batch_size
     spans = (order[s:s + size] for s in range(0, len(inputs), size))
-    return _raw_session(work, lambda: ((inputs[idx], targets[idx]) for idx in spans))
+    return _raw_session(work, lambda: ((inputs[idx], targets[idx]) for idx in spans), unlabelled=unlabelled)
 
 
 def accelerator_loop(work: Workload, data: TensorDataset, *, accumulate: bool = False, accelerator_cls: Any = None) -> Session:
@@ -266,6 +277,7 @@ def contenders(work: Workload, data: TensorDataset) -> tuple[dict[str, Callable[
         "raw PyTorch loop, again (noise control)": lambda: raw_loop(work, data),
         "raw loop without DataLoader (sliced batches)": lambda: raw_sliced_loop(work, data),
         LIMIT: lambda: raw_indexed_loop(work, data),
+        UNLABELLED: lambda: raw_indexed_loop(work, data, unlabelled=True),
         "Accelerator": lambda: accelerator_loop(work, data),
         "Accelerator + accumulate()": lambda: accelerator_loop(work, data, accumulate=True),
         "Trainer barebones": lambda: trainer_fit(work, data, defaults=False),
@@ -304,6 +316,7 @@ def check_identical_weights(work: Workload) -> str:
 
 
 LIMIT = "limit: raw loop, batches by one indexed read each"
+UNLABELLED = "limit, zero_grad and step without torch's profiler labels (as the faces)"
 BREAKDOWN = ("self.log", "progress bar", "tracker", "checkpoint")
 
 TARGETS = {
@@ -447,4 +460,11 @@ def _against_limit(key: str, work: Workload, rows: dict[str, Row]) -> Section:
         own = statistics.median(a - b for a, b in zip(bare.times, limit))
         notes.append("Per-step cost of the Trainer defaults (median over rounds of the paired differences, µs): the loop itself "
                      f"(barebones − limit) {own:.1f}; " + "; ".join(f"{part} {value:.1f}" for part, value in cost.items()) + ".")
+    if UNLABELLED in rows:  # the faces skip torch's labels in zero_grad and step; against a loop that does too, their own cost
+        same_torch = rows[UNLABELLED].times
+        own_costs = {name: statistics.median(a - b for a, b in zip(rows[name].times, same_torch))
+                     for name in ("Accelerator", "Trainer barebones", "Trainer defaults + self.log") if name in rows}
+        notes.append(f"Against the limit row that also skips torch's labels ({UNLABELLED!r}: the same torch work as the faces), "
+                     "the faces' own per-step cost (median paired difference, µs): "
+                     + "; ".join(f"{name} {value:+.1f}" for name, value in own_costs.items()) + ".")
     return Section(f"Time per training step against the limit — {work.name}", "limit", again, notes)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.accelerator.wrappers import zero_grad_to_none
+from trainer.accelerator.wrappers import step_optimizer, zero_grad_to_none
 from trainer.fit.profiler import timed
 from trainer.fit.transfer import transfer_batch
 
@@ -165,7 +165,7 @@ class TrainBatch:
             else:
                 acc.clip_grad_value_(params, trainer.gradient_clip_val)
         if self.direct:
-            self.inner_optimizer.step()
+            step_optimizer(self.inner_optimizer)
         else:
             optimizer.step()
         state = self.state
