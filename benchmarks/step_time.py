@@ -456,11 +456,12 @@ def _against_limit(key: str, work: Workload, rows: dict[str, Row]) -> Section:
     parts = [(part, rows[f"Trainer defaults without {part}"]) for part in BREAKDOWN if f"Trainer defaults without {part}" in rows]
     if defaults is not None and parts:
         cost = {part: statistics.median(a - b for a, b in zip(defaults.times, row.times)) for part, row in parts}
-        bare = rows["Trainer barebones"]
-        own = statistics.median(a - b for a, b in zip(bare.times, limit))
+        # the loop's own cost against the same torch work: the limit row that skips torch's labels as the faces do
+        base, base_name = (rows[UNLABELLED].times, "limit without torch's labels") if UNLABELLED in rows else (limit, "limit")
+        own = statistics.median(a - b for a, b in zip(rows["Trainer barebones"].times, base))
         notes.append("Per-step cost of the Trainer defaults (median over rounds of the paired differences, µs): the loop itself "
-                     f"(barebones − limit) {own:.1f}; " + "; ".join(f"{part} {value:.1f}" for part, value in cost.items()) + ".")
-    if UNLABELLED in rows:  # the faces skip torch's labels in zero_grad and step; against a loop that does too, their own cost
+                     f"(barebones − {base_name}) {own:.1f}; " + "; ".join(f"{part} {value:.1f}" for part, value in cost.items()) + ".")
+    if UNLABELLED in rows and key == "tiny":  # the faces skip torch's labels in zero_grad and step: their own cost against a loop that does too
         same_torch = rows[UNLABELLED].times
         own_costs = {name: statistics.median(a - b for a, b in zip(rows[name].times, same_torch))
                      for name in ("Accelerator", "Trainer barebones", "Trainer defaults + self.log") if name in rows}
