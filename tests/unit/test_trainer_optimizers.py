@@ -367,3 +367,32 @@ def test_fit_goes_through_a_strategy_that_overrides_backward_and_step(tmp_path: 
         weights.append(module.layer.weight.detach().clone())
     assert calls == ["backward", "step"] * 3 + ["precision backward"] * 3
     assert torch.equal(weights[0], weights[1]) and torch.equal(weights[0], weights[2])
+
+
+@pytest.mark.parametrize("hook", ["optimizer_step", "optimizer_zero_grad"])
+def test_lightning_optimizer_hooks_are_refused_not_ignored(tmp_path: Any, hook: str) -> None:
+    """A module ported from Lightning with an ``optimizer_step`` (a learning-rate warmup, say) or ``optimizer_zero_grad``
+    override: fit refuses it before training, naming the hook and where its work goes, instead of training without
+    it. In manual optimization Lightning does not call them either, so there they are left alone."""
+
+    def warmup(self: TrainModule, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("never called")
+
+    Ported = type("Ported", (Linear,), {hook: warmup})
+    module = Ported(lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    before = module.layer.weight.detach().clone()
+    with pytest.raises(NotImplementedError, match=rf"Ported defines {hook}\(\).*on_before_optimizer_step.*automatic_optimization = False"):
+        _fit(module, tmp_path, max_epochs=1)
+    assert torch.equal(module.layer.weight, before)  # nothing trained
+
+    class Manual(Ported):  # type: ignore[misc, valid-type]
+        automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(super().training_step(batch, batch_idx))
+            opt.step()
+
+    trainer = _fit(Manual(lambda m: torch.optim.SGD(m.parameters(), lr=0.1)), tmp_path, max_epochs=1)
+    assert trainer.global_step == 4

@@ -585,6 +585,14 @@ class Trainer:
                 f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
+        ignored = [hook for hook in ("optimizer_step", "optimizer_zero_grad") if callable(getattr(type(module), hook, None))]
+        if stage == "fit" and module.automatic_optimization and ignored:  # Lightning calls them; this loop never would
+            raise NotImplementedError(
+                f"{type(module).__name__} defines {' and '.join(h + '()' for h in ignored)}, Lightning hooks this Trainer does not "
+                "call: it steps and zeroes the optimizer itself, so the override would be ignored. Move its work to "
+                "on_before_optimizer_step / on_before_zero_grad, to an lr scheduler (e.g. a LambdaLR warmup), or drive the "
+                "optimizer yourself with self.automatic_optimization = False (see docs/migrating-from-lightning.md)"
+            )
         self._results.reset()
         if self.profiler is not None:
             self._dispatch = ProfiledDispatcher(module, TrainModule, self.callbacks, self, self.profiler)
