@@ -80,7 +80,8 @@ class ProgressBar(Callback):
 
     The training bar's total is ``trainer.num_training_batches`` (this rank's batches after sharding
     and ``limit_train_batches``, which is the number of batches this process iterates); the evaluation
-    bars use ``num_val_batches``/``num_test_batches``/``num_predict_batches``. The postfix shows the
+    bars use ``num_val_batches``/``num_test_batches``/``num_predict_batches``. A count of ``inf`` (a loader
+    without a length: a stream) gives a bar without a total, which counts batches (``Epoch 0: 7it``). The postfix shows the
     last training loss and every metric logged with ``prog_bar=True`` (``trainer.progress_bar_metrics``).
 
     Updates are cheap: the bar is redrawn every ``refresh_rate`` batches but at most once every
@@ -235,8 +236,8 @@ class ProgressBar(Callback):
         if stage == "validation" and getattr(trainer, "sanity_checking", False):
             desc = "Sanity Checking"
             sanity_steps = getattr(trainer, "num_sanity_val_steps", None)
-            if isinstance(sanity_steps, int) and sanity_steps >= 0 and total is not None:
-                total = min(total, sanity_steps)
+            if isinstance(sanity_steps, int) and sanity_steps >= 0:  # a stream's unknown count is at most these steps
+                total = sanity_steps if total is None else min(total, sanity_steps)
         # A validation bar inside fit sits under the training bar and disappears when done.
         leave = stage != "validation" and self.leave
         self.eval_bar = self._new_bar(desc, total, leave)

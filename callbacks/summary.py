@@ -47,10 +47,11 @@ class Summary:
 
 
 def _numel(tensor: torch.Tensor) -> int:
-    """Elements of a tensor; 0 for a lazy parameter that has no shape yet."""
+    """Elements of a tensor (the full count of a DeepSpeed ZeRO-3 partitioned one); 0 for a lazy parameter without a shape yet."""
     if isinstance(tensor, torch.nn.parameter.UninitializedParameter):
         return 0
-    return tensor.numel()
+    full = getattr(tensor, "ds_numel", None)
+    return full if isinstance(full, int) else tensor.numel()
 
 
 def summarize(module: torch.nn.Module, max_depth: int = 1) -> Summary:

@@ -8,6 +8,8 @@ plain functions (`strategies.collectives`).
 from __future__ import annotations
 
 import contextlib
+import weakref
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -42,6 +44,10 @@ class Strategy:
         self.cluster = cluster
         self.device = torch.device(device)
         self.precision = self.precision_class(precision, self.device)
+        # old parameter -> what setup replaced it with (sharded, or allocated from the meta device), so optimizers
+        # built before prepare() step the new ones (keyed by id, checked by a weak reference: tensors compare element-wise)
+        self._replaced: dict[int, tuple[weakref.ref[torch.Tensor], nn.Parameter]] = {}
+        self.init_rng_state: torch.Tensor | None = None  # the CPU generator at the end of module_init_context: init draws from it
 
     # process layout
     @property
@@ -64,12 +70,40 @@ class Strategy:
     def setup_environment(self) -> None:
         """Create process groups / select the device. Called once before anything else."""
 
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Where a model is built: ``Trainer.init_module()``, around ``TrainModule.configure_model()``, and the
+        Accelerator's ``init_module()``.
+
+        Here (one full copy per process): on this strategy's device, in the precision's dtype for the ``-true``
+        modes. ``empty_init=True`` builds on the meta device instead (no memory, no initialization): `setup_module`
+        then allocates the tensors and runs the model's own initialization (`strategies.materialize`), or you load
+        weights into it. A sharding strategy builds empty by default (``empty_init=None``) and materializes only
+        each process's shard; ``empty_init=False`` asks for a full copy on every process.
+        """
+        return _init_context(self, torch.device("meta") if empty_init else self.device)
+
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
         """Place `module` on the device (``move``) and wrap it for this strategy (``wrap``); returns what to call."""
+        materialize_if_empty(self, module)
+        module = self.precision.convert_parameters(module)  # true precision: module.to(dtype)
         return module.to(self.device) if move else module
 
+    def remember_replaced(self, before: list[tuple[str, nn.Parameter]], module: nn.Module) -> None:
+        """Record which parameters of `module` setup replaced (by name, against `before`), for `setup_optimizer`."""
+        old = dict(before)
+        for name, new in module.named_parameters(remove_duplicate=False):
+            previous = old.get(name)
+            if previous is not None and previous is not new:
+                self._replaced[id(previous)] = (weakref.ref(previous), new)
+
+    def replacement(self, param: torch.Tensor) -> torch.Tensor:
+        """The parameter setup put in place of `param` (`param` itself when it was not replaced)."""
+        entry = self._replaced.get(id(param))
+        return entry[1] if entry is not None and entry[0]() is param else param
+
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Make `optimizer` step the parameters `setup_module` left (sharding strategies replace them)."""
+        """Make `optimizer` step the parameters `setup_module` left (sharding and empty init replace them)."""
+        repoint_optimizer(self, optimizer, "its state cannot move onto the new parameters")
         for state in optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step" and value.device != self.device:
@@ -286,6 +320,39 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"
+
+
+@contextlib.contextmanager
+def _init_context(strategy: Strategy, device: torch.device) -> Iterator[None]:
+    """Build on `device` in the precision's dtype; remember the CPU generator state at the end, which materializing draws from."""
+    with device, strategy.precision.module_init_context():
+        yield
+    strategy.init_rng_state = torch.get_rng_state()
+
+
+def materialize_if_empty(strategy: Strategy, module: nn.Module) -> None:
+    """Allocate and initialize `module`'s meta tensors on the strategy's device (every process the same values)."""
+    from strategies.materialize import has_meta_tensors, materialize
+
+    if has_meta_tensors(module):
+        before = list(module.named_parameters(remove_duplicate=False))
+        materialize(module, strategy.device, broadcast_object=strategy.broadcast_object if strategy.is_distributed else None,
+                    rng_state=strategy.init_rng_state)
+        strategy.remember_replaced(before, module)
+
+
+def repoint_optimizer(strategy: Strategy, optimizer: torch.optim.Optimizer, why: str) -> torch.optim.Optimizer:
+    """Point `optimizer` at the parameters the strategy's setup put in place of the ones it was built on."""
+    stale = [p for group in optimizer.param_groups for p in group["params"] if strategy.replacement(p) is not p]
+    if stale and optimizer.state:
+        raise ValueError(
+            f"this optimizer already took steps on the parameters that prepare() replaced; {why}. Create the optimizer "
+            "before training (or after prepare(model)), then prepare it"
+        )
+    for group in optimizer.param_groups:
+        group["params"] = [strategy.replacement(p) for p in group["params"]]
+    strategy._replaced = {k: v for k, v in strategy._replaced.items() if v[0]() is not None}
+    return optimizer
 
 
 def user_class(module: nn.Module) -> type:

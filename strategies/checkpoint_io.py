@@ -549,10 +549,12 @@ def check_state_fits(shapes: Mapping[str, Sequence[int]], module: Any, source: P
     Torch's own error comes after the matching tensors were already copied in; this check keeps the model as it
     was and says which checkpoint and which model disagree.
     """
-    own = module.state_dict()
+    own = module.state_dict(keep_vars=True)
+    # ds_shape: the full shape of a DeepSpeed ZeRO-3 partitioned parameter (its own shape is empty)
+    own_shapes = {key: tuple(getattr(value, "ds_shape", value.shape)) for key, value in own.items() if hasattr(value, "shape")}
     saved = {key: tuple(shape) for key, shape in shapes.items()}
-    differ = [f"{key}: {saved[key]} in the checkpoint, {tuple(own[key].shape)} in the model"
-              for key in sorted(saved) if key in own and hasattr(own[key], "shape") and saved[key] != tuple(own[key].shape)]
+    differ = [f"{key}: {saved[key]} in the checkpoint, {own_shapes[key]} in the model"
+              for key in sorted(saved) if key in own_shapes and saved[key] != own_shapes[key]]
     problems = differ[:5]
     if strict and set(own) - set(saved):
         problems.append(f"missing in the checkpoint: {_listed(set(own) - set(saved))}")
@@ -601,6 +603,12 @@ def load_weights(
             f"checkpoint {str(directory)!r} has no {name} and no sharded states; pass a directory written by "
             "Trainer.save_checkpoint or Accelerator.save_state"
         )
+    from strategies.materialize import is_sharded_module, load_safetensors_slices
+
+    if is_sharded_module(module):  # each process reads only its slices of the file
+        check_state_fits(safetensors_shapes(weights), module, weights, strict=strict)
+        load_safetensors_slices(weights, module)
+        return
     full = load_safetensors(weights, device=str(torch.device(device)))
     if load_full is None:
         check_state_fits({k: v.shape for k, v in full.items()}, module, weights, strict=strict)  # `load_full` sees through wrappers

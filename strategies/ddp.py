@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.base import Strategy, best_device
+from strategies.base import Strategy, best_device, materialize_if_empty
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.process_group import join_process_group, leave_process_group
 
@@ -22,7 +22,8 @@ class DDPStrategy(Strategy):
     Args:
         cluster: the process layout (detected from the environment by default).
         cpu: force CPU (gloo) even when GPUs are present.
-        precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        precision: ``"no"``, ``"fp16"``, ``"bf16"``, or a true mode (``"fp16-true"``, ``"bf16-true"``, ``"fp64-true"``: the
+            module is converted to that dtype before DDP wraps it, so gradients are reduced in it).
         timeout: process-group timeout in seconds (default ``TRAINWRIGHT_PG_TIMEOUT`` or 300 s, far below
             gloo's 30 minutes), so a rank that never joins a collective fails the job instead of hanging it.
         backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
@@ -67,6 +68,8 @@ class DDPStrategy(Strategy):
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
+        materialize_if_empty(self, module)
+        module = self.precision.convert_parameters(module)  # true precision: before DDP sizes its gradient buckets
         module = module.to(self.device) if move else module
         if not wrap or not self.is_distributed or not any(p.requires_grad for p in module.parameters()):
             return module

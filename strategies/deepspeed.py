@@ -12,7 +12,9 @@ and `backward` on an accumulation boundary is the engine's backward *and* step; 
 
 The face's accumulation steps, clipping and precision are written into the DeepSpeed config (a user's
 config dict or JSON file may set them too; ``"auto"`` values are filled from ours, and two different values
-are an error naming both). Checkpoints hold the engine's own files (``deepspeed/``) plus the consolidated
+are an error naming both). At stage 3, a model built in `DeepSpeedStrategy.module_init_context`
+(``Trainer.init_module()``, ``Accelerator.init_module()``) is partitioned as it is built (`deepspeed.zero.Init`,
+`strategies.zero_init`): no process ever holds the full model. Checkpoints hold the engine's own files (``deepspeed/``) plus the consolidated
 float32 weights (``model.safetensors``), loadable by any strategy and by plain PyTorch.
 """
 
@@ -33,10 +35,11 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies import checkpoint_io
-from strategies.base import Strategy, best_device
+from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import DeepSpeedPrecision, normalize_precision
 from strategies.process_group import join_process_group, leave_process_group
+from strategies.zero_init import is_partitioned, partitioned_init
 
 INSTALL_HINT = "pip install 'trainwright[deepspeed]' (or pip install deepspeed)"
 _TAG = "state"  # the engine's checkpoint tag inside our directory: one engine checkpoint per directory
@@ -93,6 +96,7 @@ class DeepSpeedStrategy(Strategy):
         cluster: the process layout (detected from the environment by default).
         cpu: force CPU (gloo) even when GPUs are present.
         precision: ``"no"`` or ``"bf16"`` (``"fp16"`` on GPUs only): the engine's own mixed precision, float32 master weights.
+            The true modes (``"bf16-true"``, ...) are refused with a `ValueError`: the engine keeps float32 master weights.
         timeout: process-group timeout in seconds (as for DDP).
         zero_stage: 1 (optimizer states sharded), 2 (and gradients; the default, as Lightning and Accelerate),
             3 (and parameters), or 0 (plain data parallel through the engine). ``stage`` is Lightning's name for it.
@@ -101,6 +105,9 @@ class DeepSpeedStrategy(Strategy):
         gradient_clipping: clip the global gradient norm to this in the engine's step.
         config: a DeepSpeed config dict or JSON file; the arguments above fill its ``"auto"`` and missing values.
         backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
+        zero_init: at stage 3, whether `module_init_context` (``init_module()``) builds models partitioned
+            (`deepspeed.zero.Init`) when its ``empty_init`` is None: True by default; False builds a full copy there
+            (partitioned at prepare). True with another stage is a `ValueError`. Accelerate's ``zero3_init_flag``.
         **unsupported: refused with a `TypeError` naming the supported arguments.
     """
 
@@ -124,6 +131,7 @@ class DeepSpeedStrategy(Strategy):
         config: dict[str, Any] | str | os.PathLike[str] | None = None,
         backend: str | None = None,
         stage: int | None = None,
+        zero_init: bool | None = None,
         **unsupported: Any,
     ) -> None:
         if stage is not None:  # Lightning's name for zero_stage
@@ -133,7 +141,7 @@ class DeepSpeedStrategy(Strategy):
         if unsupported:
             raise TypeError(
                 f"DeepSpeedStrategy got unsupported arguments {sorted(unsupported)}; it takes zero_stage (or stage), offload_optimizer, "
-                "offload_parameters, gradient_clipping, config, precision, cpu, timeout, backend"
+                "offload_parameters, gradient_clipping, config, zero_init, precision, cpu, timeout, backend"
             )
         if not dist.is_available():
             raise RuntimeError("strategy='deepspeed' needs torch.distributed, which this torch build lacks; use strategy='single'")
@@ -157,6 +165,12 @@ class DeepSpeedStrategy(Strategy):
         self.config["gradient_clipping"] = float(clip)
         self.config.setdefault("steps_per_print", 2**31 - 1)  # the engine's own progress lines; our faces log
         self.config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer (SGD, ...), as Lightning
+        if zero_init and self.zero_stage != 3:
+            raise ValueError(
+                f"zero_init=True (parameters partitioned as the model is built) needs ZeRO stage 3, but the stage is {self.zero_stage}; "
+                "set zero_stage=3, or leave zero_init unset"
+            )
+        self.zero_init = zero_init is not False
         self.sharded = self.zero_stage == 3  # forward gathers parameters (a collective)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout = process_group_timeout(timeout)
@@ -166,6 +180,7 @@ class DeepSpeedStrategy(Strategy):
 
     # configuration ------------------------------------------------------------------------------------
     def _agree_precision(self, mode: str, device: torch.device) -> str:
+        DeepSpeedPrecision.refuse_true_precision(mode)  # before the config's bf16/fp16 sections are compared with it
         enabled = [name for name in ("bf16", "fp16") if self.config.get(name, {}).get("enabled") is True]
         if len(enabled) > 1:
             raise ValueError("the DeepSpeed config enables both bf16 and fp16; enable one")
@@ -229,12 +244,41 @@ class DeepSpeedStrategy(Strategy):
             # the engine needs a process group even for one process; an in-memory store needs no free port
             dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
             self._owns_group = True
-        else:
-            self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
+        else:  # a second call (module_init_context joined first) keeps the ownership the first one took
+            self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown) or self._owns_group
         import_deepspeed(self.device)
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Where a model is built. Stage 3 (unless ``empty_init=False``, or ``zero_init=False`` and ``empty_init`` None):
+        inside `deepspeed.zero.Init`, so each parameter is partitioned across the processes as soon as its module is
+        built, in the dtype the engine trains in (bf16 with ``precision="bf16"``); see `strategies.zero_init`. The
+        process group is joined first if `setup_environment` has not run. Otherwise the base behaviour: a full copy on
+        the device, or on the meta device with ``empty_init=True`` (materialized at prepare).
+        """
+        if self.zero_stage != 3 or empty_init is False or (empty_init is None and not self.zero_init):
+            return super().module_init_context(empty_init)
+        if not dist.is_initialized():
+            self.setup_environment()  # zero.Init partitions across the process group
+        return partitioned_init(import_deepspeed(self.device), self.init_config(), self.precision.module_init_context())
+
+    def init_config(self) -> dict[str, Any]:
+        """The config for `deepspeed.zero.Init`: the engine's (its ZeRO section: parameter offload, quantized weights,
+        ...; bf16/fp16: the dtype parameters are made in), with one-sample batches: the micro-batch size is known only
+        at prepare, zero.Init does not use it, but DeepSpeed's config check needs consistent batch sizes."""
+        config = self.engine_config(None)
+        config.pop("train_batch_size", None)
+        config["train_micro_batch_size_per_gpu"] = config["gradient_accumulation_steps"] = 1
+        return config
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
         if not wrap:
+            if is_partitioned(module):
+                raise ValueError(
+                    f"this {type(module).__name__} was built partitioned (ZeRO-3 init_module()), so it runs only inside the DeepSpeed "
+                    "engine and cannot be used as a plain module; prepare it with its optimizer (fit) first, or build it with "
+                    "init_module(empty_init=False) to evaluate it before training"
+                )
+            materialize_if_empty(self, module)
             return module.to(self.device) if move else module
         return self.setup_module_and_optimizers(module, [], move=move)[0]
 
@@ -256,6 +300,13 @@ class DeepSpeedStrategy(Strategy):
                 f"DeepSpeed's engine steps one optimizer, got {len(optimizers)}; put their parameters into one optimizer "
                 "as parameter groups"
             )
+        if self.zero_stage != 3 and is_partitioned(module):
+            raise ValueError(
+                f"this {type(module).__name__} was built partitioned by deepspeed.zero.Init (ZeRO-3), but this strategy runs "
+                f"ZeRO stage {self.zero_stage}; build it with the same strategy that trains it, or use zero_stage=3"
+            )
+        materialize_if_empty(self, module)  # built on the meta device (empty_init=True below stage 3): allocate and initialize
+        optimizers = [repoint_optimizer(self, opt, "DeepSpeed cannot take its state") for opt in optimizers]
         config = self.engine_config(batch_size)
         if not optimizers and "optimizer" not in config and self.zero_stage < 3:
             # no optimizer (evaluation): below stage 3 nothing is partitioned, so the plain module runs as the engine would

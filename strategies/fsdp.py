@@ -15,20 +15,23 @@ paths are unreliable, and FSDP2 replaces it upstream.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from strategies import checkpoint_io
-from strategies.base import Strategy, best_device
+from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
+from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
+from strategies.materialize import has_meta_tensors, materialize, scatter_from_rank0
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
+
+NO_SPLIT_MODULES = "<the model's _no_split_modules>"  # in wrap_classes: the block classes a Hugging Face model names
 
 
 def apply_fsdp(
@@ -60,6 +63,7 @@ def apply_fsdp(
         kwargs["mp_policy"] = mp_policy
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    wrap_classes = _resolve_no_split(model, tuple(wrap_classes))
     classes = tuple(c for c in wrap_classes if isinstance(c, type))
     names = {c for c in wrap_classes if isinstance(c, str)}
     sharded: set[int] = set()
@@ -73,6 +77,19 @@ def apply_fsdp(
             sharded.update(id(m) for m in sub.modules())
     fully_shard(model, **kwargs)
     return model
+
+
+def _resolve_no_split(model: nn.Module, wrap_classes: tuple[Any, ...]) -> tuple[Any, ...]:
+    if NO_SPLIT_MODULES not in wrap_classes:
+        return wrap_classes
+    names = getattr(model, "_no_split_modules", None)
+    if not names:
+        raise ValueError(
+            f"auto_wrap_policy='transformer_based_wrap' without transformer_cls_names_to_wrap needs a model that names its "
+            f"blocks in _no_split_modules (Hugging Face models do); {type(model).__name__} has none. Pass "
+            "transformer_cls_names_to_wrap=['MyBlock']"
+        )
+    return tuple(c for c in wrap_classes if c != NO_SPLIT_MODULES) + tuple(names)
 
 
 def _unsharded_params(module: nn.Module, sharded: set[int]) -> int:
@@ -94,14 +111,24 @@ class FSDPStrategy(Strategy):
     Args:
         cluster: the process layout (detected from the environment by default).
         cpu: force CPU (gloo) even when GPUs are present.
-        precision: ``"no"``, ``"bf16"`` (bf16 parameters in compute, float32 gradient reduction) or ``"fp16"``
-            (the same with a `ShardedGradScaler`).
+        precision: ``"no"``, ``"bf16"`` (bf16 parameters in compute, float32 gradient reduction), ``"fp16"``
+            (the same with a `ShardedGradScaler`), or a true mode (``"bf16-true"``, ``"fp16-true"``, ``"fp64-true"``:
+            the module is converted before sharding, so shards, gradients and optimizer states are in that dtype).
         timeout: process-group timeout in seconds (as for DDP).
         wrap_classes: submodule classes (or names) that get their own FSDP unit; see `apply_fsdp`.
         min_num_params: also shard submodules holding this many parameters; see `apply_fsdp`.
         reshard_after_forward: free gathered parameters after forward; see `apply_fsdp`.
         cpu_offload: keep shards, gradients and optimizer states in CPU memory.
         backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
+        activation_checkpointing_policy: submodule classes (or names, or a ``module -> bool`` function) whose forward
+            is recomputed in backward instead of keeping its activations (`apply_activation_checkpointing`, before
+            sharding). ``activation_checkpointing`` is Lightning's older name for it.
+        auto_wrap_policy: Lightning's name for `wrap_classes` (a set of block classes).
+        cpu_ram_efficient_loading: fill every process's shards from process 0's weights (a scatter: each process
+            receives only its slices). Process 0 may then build the model with its real weights and the others on the
+            meta device (``trainer.init_empty_weights()``), so only one process ever holds the full model.
+        mixed_precision_policy: an explicit `torch.distributed.fsdp.MixedPrecisionPolicy` (instead of the one
+            `precision` implies; e.g. fp32 master shards with bf16 compute and bf16 gradient reduction).
         **unsupported: refused with a `TypeError` naming the supported arguments.
     """
 
@@ -122,13 +149,32 @@ class FSDPStrategy(Strategy):
         reshard_after_forward: bool = True,
         cpu_offload: bool = False,
         backend: str | None = None,
+        activation_checkpointing_policy: Policy | None = None,
+        activation_checkpointing: Policy | None = None,
+        auto_wrap_policy: Iterable[type[nn.Module] | str] | None = None,
+        cpu_ram_efficient_loading: bool = False,
+        mixed_precision_policy: Any = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
             raise TypeError(
-                f"FSDPStrategy got unsupported arguments {sorted(unsupported)}; it takes wrap_classes, min_num_params, "
-                "reshard_after_forward, cpu_offload, precision, cpu, timeout, backend"
+                f"FSDPStrategy got unsupported arguments {sorted(unsupported)}; it takes wrap_classes (auto_wrap_policy), "
+                "min_num_params, reshard_after_forward, cpu_offload, activation_checkpointing_policy, cpu_ram_efficient_loading, "
+                "mixed_precision_policy, precision, cpu, timeout, backend"
             )
+        if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+            raise ValueError("pass activation_checkpointing_policy or activation_checkpointing (its older name), not both")
+        if auto_wrap_policy is not None:
+            if wrap_classes:
+                raise ValueError("pass wrap_classes or auto_wrap_policy (Lightning's name for it), not both")
+            if callable(auto_wrap_policy) and not isinstance(auto_wrap_policy, type):
+                raise TypeError(
+                    f"auto_wrap_policy={auto_wrap_policy!r}: FSDP2 takes the block classes to shard, not FSDP1's policy functions; "
+                    "pass a set of module classes, e.g. auto_wrap_policy={TransformerBlock}"
+                )
+            given: Any = (auto_wrap_policy,) if isinstance(auto_wrap_policy, type) else auto_wrap_policy
+            wrap_classes = tuple(given)
+        wrap_classes = tuple(wrap_classes)
         if not dist.is_available():
             raise RuntimeError("strategy='fsdp' needs torch.distributed, which this torch build lacks; use strategy='single'")
         if min_num_params is not None and (isinstance(min_num_params, bool) or not isinstance(min_num_params, int) or min_num_params < 1):
@@ -145,17 +191,26 @@ class FSDPStrategy(Strategy):
         self.min_num_params = min_num_params
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
+        self.activation_checkpointing = check_policy(
+            activation_checkpointing if activation_checkpointing is not None else activation_checkpointing_policy
+        )
+        self.cpu_ram_efficient_loading = bool(cpu_ram_efficient_loading)
+        if mixed_precision_policy is not None:
+            _check_policy(mixed_precision_policy)
+            self.precision.policy = mixed_precision_policy
         self.mesh: Any = None
         self._owns_group = False
-        # old parameter -> its sharded replacement, so optimizers built before prepare() step the shards
-        # (tensors compare element-wise, so they are keyed by id and checked by a weak reference)
-        self._replaced: dict[int, tuple[weakref.ref[torch.Tensor], nn.Parameter]] = {}
 
     def setup_environment(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Build on the meta device (unless ``empty_init=False``): `setup_module` shards the empty model, then each
+        process allocates and initializes only its shards (`strategies.materialize`)."""
+        return super().module_init_context(empty_init=empty_init is not False)
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule
@@ -165,13 +220,22 @@ class FSDPStrategy(Strategy):
                 "FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) is not supported; pass the plain module and "
                 "use strategy='fsdp', which shards it with FSDP2 (torch.distributed.fsdp.fully_shard)"
             )
-        if not wrap or isinstance(module, FSDPModule):
-            return module.to(self.device) if move and not isinstance(module, FSDPModule) else module
-        if self.cpu_offload and move:
-            module = module.cpu()
-        elif move:
-            module = module.to(self.device)
-        before = dict(module.named_parameters(remove_duplicate=False))
+        if isinstance(module, FSDPModule):
+            return module  # sharded by hand: placed and typed by the user
+        module = self.precision.convert_parameters(module)  # true precision: the shards are made in that dtype
+        if not wrap:
+            materialize_if_empty(self, module)
+            return module.to(self.device) if move else module
+        empty = has_meta_tensors(module)
+        from_rank0 = self._rank0_source(module, empty)
+        target = torch.device("cpu") if self.cpu_offload else self.device
+        if move and not empty:
+            module = module.to(target)
+        if self.activation_checkpointing is not None:
+            policy = self.activation_checkpointing
+            policy = _resolve_no_split(module, tuple(policy)) if not callable(policy) else policy
+            apply_activation_checkpointing(module, policy)
+        before = list(module.named_parameters(remove_duplicate=False))
         apply_fsdp(
             module,
             self.mesh,
@@ -181,28 +245,37 @@ class FSDPStrategy(Strategy):
             mp_policy=self.precision.mp_policy(),
             cpu_offload=self.cpu_offload,
         )
-        for name, new in module.named_parameters(remove_duplicate=False):
-            old = before.get(name)
-            if old is not None and old is not new:
-                self._replaced[id(old)] = (weakref.ref(old), new)
+        if from_rank0 is not False and from_rank0 is not True:  # process 0's weights, sliced out to the others' (empty) shards
+            if empty:
+                module.to_empty(device=target)
+            scatter_from_rank0(module, from_rank0, rank=self.rank, group=self.mesh.get_group())
+        elif empty:  # built empty everywhere: each process initializes its own shards
+            materialize(module, target, broadcast_object=self.broadcast_object if self.is_distributed else None, rng_state=self.init_rng_state)
+        self.remember_replaced(before, module)
         return module
 
-    def _sharded_version(self, param: torch.Tensor) -> torch.Tensor:
-        """The parameter `setup_module` put in place of `param` (`param` itself when it was not replaced)."""
-        entry = self._replaced.get(id(param))
-        return entry[1] if entry is not None and entry[0]() is param else param
+    def _rank0_source(self, module: nn.Module, empty: bool) -> dict[str, torch.Tensor] | bool | None:
+        """Whether process 0's weights fill every process's shards: False, or process 0's full state (None elsewhere).
+
+        So when process 0 built the model with real weights and the others on the meta device (Accelerate's
+        ``cpu_ram_efficient_loading``), or when ``cpu_ram_efficient_loading=True`` asks for process 0's weights anyway.
+        """
+        if not self.is_distributed:
+            return False
+        built_empty = self.all_gather_object(empty)
+        if all(built_empty) or (not any(built_empty) and not self.cpu_ram_efficient_loading):
+            return False
+        if built_empty[0]:
+            real = [rank for rank, e in enumerate(built_empty) if not e]
+            raise ValueError(
+                f"process 0 built the model on the meta device but processes {real} built it with real weights; with "
+                "cpu_ram_efficient_loading, process 0 loads the real weights and the others build empty "
+                "(`with trainer.init_empty_weights(): model = ...` when not accelerator.is_main_process)"
+            )
+        return dict(module.state_dict()) if self.rank == 0 else None
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        stale = [p for group in optimizer.param_groups for p in group["params"] if self._sharded_version(p) is not p]
-        if stale and optimizer.state:
-            raise ValueError(
-                "this optimizer already took steps on the unsharded parameters; FSDP cannot move its state onto the "
-                "shards. Create the optimizer before training (or after prepare(model)), then prepare it"
-            )
-        for group in optimizer.param_groups:
-            group["params"] = [self._sharded_version(p) for p in group["params"]]
-        self._replaced = {k: v for k, v in self._replaced.items() if v[0]() is not None}
-        return optimizer
+        return repoint_optimizer(self, optimizer, "FSDP cannot move its state onto the shards")
 
     def redirects_forward(self, wrapped: nn.Module, module: nn.Module) -> bool:
         return True  # fully_shard works in place: the root's pre-forward unshard runs only through __call__
@@ -260,6 +333,16 @@ class FSDPStrategy(Strategy):
     def teardown(self) -> None:
         leave_process_group(self._owns_group)
         self._owns_group = False
+
+
+def _check_policy(policy: Any) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if not isinstance(policy, MixedPrecisionPolicy):
+        raise TypeError(
+            f"mixed_precision_policy={policy!r} must be a torch.distributed.fsdp.MixedPrecisionPolicy, e.g. "
+            "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
+        )
 
 
 @contextlib.contextmanager

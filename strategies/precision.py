@@ -1,13 +1,23 @@
-"""Mixed precision as an object composed into a strategy.
+"""Precision as an object composed into a strategy.
 
 `Precision` owns autocast, loss scaling, unscaling before clipping and the optimizer step, so no call
-site branches on ``if scaler:``.
+site branches on ``if scaler:``. Its modes:
+
+* ``"no"``: full precision (float32).
+* ``"fp16"``, ``"bf16"``: mixed precision. Parameters stay float32; the forward runs under ``torch.autocast``
+  (``fp16`` adds a dynamic `GradScaler`).
+* ``"fp16-true"``, ``"bf16-true"``, ``"fp64-true"``: true precision (Lightning's ``"16-true"``, ``"bf16-true"``,
+  ``"64-true"``). The module is converted (``module.to(dtype)``) before the strategy wraps or shards it, so the
+  parameters, gradients and optimizer states are in that dtype; floating-point inputs reaching the module's
+  forward are cast to it, and torch's default dtype is that dtype inside the forward and the step, so tensors
+  created there are too. No autocast, no loss scaler.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -20,81 +30,164 @@ _ALIASES = {
     "no": "no", "32": "no", "32-true": "no", "fp32": "no", "float32": "no",
     "fp16": "fp16", "16": "fp16", "16-mixed": "fp16", "float16": "fp16",
     "bf16": "bf16", "bf16-mixed": "bf16", "bfloat16": "bf16",
+    "fp16-true": "fp16-true", "16-true": "fp16-true",
+    "bf16-true": "bf16-true",
+    "fp64-true": "fp64-true", "64-true": "fp64-true", "64": "fp64-true", "fp64": "fp64-true", "double": "fp64-true",
+    "float64": "fp64-true",
 }
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16,
+           "fp16-true": torch.float16, "bf16-true": torch.bfloat16, "fp64-true": torch.float64}
 
 PRECISION_NAMES = tuple(_ALIASES)
+TRUE_PRECISION_MODES = ("fp16-true", "bf16-true", "fp64-true")
+PRECISION_CHOICES = ("'no', 'fp16', 'bf16', 'fp16-true', 'bf16-true', 'fp64-true' "
+                     "(or 32, 16, '16-mixed', 'bf16-mixed', '16-true', 64, '64-true', 'double')")
 
 
 def normalize_precision(value: Any) -> str:
-    """Map every accepted spelling (``16``, ``"16-mixed"``, ``"bf16-mixed"``, ``"32-true"``, ...) to ``"no"``, ``"fp16"`` or ``"bf16"``."""
+    """Map every accepted spelling (``16``, ``"16-mixed"``, ``"bf16-mixed"``, ``"32-true"``, ``"16-true"``, ``64``, ...)
+    to a mode: ``"no"``, ``"fp16"``, ``"bf16"``, ``"fp16-true"``, ``"bf16-true"`` or ``"fp64-true"``."""
     if value is None:
         return "no"
-    if isinstance(value, bool):
-        raise ValueError(f"mixed_precision={value!r} is not supported; choose one of 'no', 'fp16', 'bf16' (or 32, 16, '16-mixed', 'bf16-mixed')")
-    key = str(value).strip().lower()
+    key = "" if isinstance(value, bool) else str(value).strip().lower()
     if key.startswith("precisiontype."):
         key = key.split(".", 1)[1]
     if key not in _ALIASES:
-        raise ValueError(
-            f"mixed_precision={value!r} is not supported; choose one of 'no', 'fp16', 'bf16' "
-            "(or '32', '16-mixed', 'bf16-mixed')"
-        )
+        raise ValueError(f"mixed_precision={value!r} is not supported; choose one of {PRECISION_CHOICES}")
     return _ALIASES[key]
 
 
 def check_precision_supported(mode: str, device: torch.device) -> None:
     """Raise if this hardware cannot run `mode`."""
-    if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if mode in ("bf16", "bf16-true") and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(
-            f"mixed_precision='bf16' needs a GPU with bfloat16 support, but {torch.cuda.get_device_name(device)} has none; "
-            "use mixed_precision='fp16' or 'no'"
+            f"mixed_precision={mode!r} needs a GPU with bfloat16 support, but {torch.cuda.get_device_name(device)} has none; "
+            f"use mixed_precision={mode.replace('bf16', 'fp16')!r} or 'no'"
         )
     if mode == "fp16" and device.type == "mps" and not hasattr(torch.amp, "GradScaler"):
         raise ValueError("mixed_precision='fp16' on MPS needs a newer torch; use mixed_precision='no'")
+    if mode == "fp64-true" and device.type == "mps":
+        raise ValueError("mixed_precision='fp64-true' is not supported on MPS, which has no float64; use mixed_precision='no'")
     if mode != "no" and device.type not in ("cpu", "cuda", "mps", "xpu", "xla", "hpu", "npu"):
         raise ValueError(f"mixed_precision={mode!r} is not supported on device type {device.type!r}; use mixed_precision='no'")
 
 
+class DefaultDtype:
+    """Context manager: torch's default dtype is `dtype` inside the block, and the previous one again after it,
+    also when the block raises (Lightning's ``_DtypeContextManager``)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._previous: list[torch.dtype] = []
+
+    def __enter__(self) -> None:
+        self._previous.append(torch.get_default_dtype())
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_default_dtype(self._previous.pop())
+
+
+def cast_forward(
+    module: nn.Module,
+    *,
+    inputs: Callable[[], torch.dtype] | None = None,
+    context: Callable[[], AbstractContextManager[Any]] | None = None,
+    outputs: Callable[[torch.Tensor], torch.Tensor],
+) -> nn.Module:
+    """Wrap `module`'s forward, once (a second call is a no-op): floating-point inputs are cast to ``inputs()``
+    (left as they are when None), the forward runs inside ``context()`` (when given), and `outputs` is applied
+    to every output tensor after the context is left."""
+    if getattr(module.forward, "_trainwright_autocast", False):
+        return module
+    original = module.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if inputs is not None:
+            dtype = inputs()
+
+            def cast(tensor: torch.Tensor) -> torch.Tensor:
+                return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+            args, kwargs = apply_to_tensors(cast, args), apply_to_tensors(cast, kwargs)
+        if context is None:
+            output = original(*args, **kwargs)
+        else:
+            with context():
+                output = original(*args, **kwargs)
+        return apply_to_tensors(outputs, output)
+
+    forward._trainwright_autocast = True  # type: ignore[attr-defined]
+    module.forward = forward
+    return module
+
+
 class Precision:
-    """Autocast + (for fp16) dynamic loss scaling for one device."""
+    """Autocast + (for fp16) dynamic loss scaling for one device, or true precision (see the module docstring).
+
+    ``dtype`` is the low dtype of a mixed or true mode (None in full precision); ``parameter_dtype`` is the dtype
+    the module's parameters are converted to, in the true modes only (None otherwise).
+    """
 
     def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
         self.mode = normalize_precision(mode)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         check_precision_supported(self.mode, self.device)
         self.dtype = _DTYPES.get(self.mode)
+        self.parameter_dtype = self.dtype if self.mode in TRUE_PRECISION_MODES else None
         self.scaler: torch.amp.GradScaler | None = None
         if self.mode == "fp16":
             self.scaler = torch.amp.GradScaler(self.device.type)
         self._unscaled: set[int] = set()
         self.step_was_skipped = False
 
+    def convert_parameters(self, module: nn.Module) -> nn.Module:
+        """True precision: ``module.to(dtype)`` (floating-point parameters and buffers, in place, so optimizers built on
+        them keep them). A strategy calls it before it wraps or shards the module; a no-op in the other modes."""
+        return module if self.parameter_dtype is None else module.to(self.parameter_dtype)
+
     def convert_module(self, module: nn.Module) -> nn.Module:
-        """Make `module`'s forward run under autocast and hand back float32 outputs (once; a no-op in full precision)."""
-        if self.dtype is None or getattr(module.forward, "_trainwright_autocast", False):
+        """Wrap `module`'s forward for this mode (once; a no-op in full precision).
+
+        Mixed: the forward runs under autocast and hands back float32 outputs. True: floating-point inputs are cast
+        to the dtype, the forward runs with it as torch's default dtype, and floating-point outputs come back in the
+        caller's default dtype (float32 in your own loop, as Lightning Fabric; the dtype inside a Trainer step, as Lightning).
+        """
+        if self.dtype is None:
             return module
-        original = module.forward
+        if self.parameter_dtype is not None:
+            dtype = self.parameter_dtype
+            return cast_forward(module, inputs=lambda: dtype, context=self.forward_context, outputs=_to_default_dtype)
+        return cast_forward(module, context=self.autocast, outputs=_to_fp32)
 
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            with self.autocast():
-                output = original(*args, **kwargs)
-            return apply_to_tensors(_to_fp32, output)
-
-        forward._trainwright_autocast = True  # type: ignore[attr-defined]
-        module.forward = forward
-        return module
+    def convert_input(self, data: Any) -> Any:
+        """True precision: `data` with its floating-point tensors cast to the dtype (the batch a Trainer step gets,
+        as Lightning's); `data` itself in the other modes."""
+        if self.parameter_dtype is None:
+            return data
+        dtype = self.parameter_dtype
+        return apply_to_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, data)
 
     def forward_context(self) -> AbstractContextManager[Any]:
-        """Context the faces enter around a step that runs outside the module's forward (``training_step``)."""
+        """Context the faces enter around a step that runs outside the module's forward (``training_step``):
+        autocast in the mixed modes, the dtype as torch's default dtype in the true modes."""
         return self.autocast()
 
+    def module_init_context(self) -> AbstractContextManager[Any]:
+        """Context to build a model in: in the true modes torch's default dtype is the dtype inside it, so the
+        parameters are created in it (Lightning's ``module_init_context``); a no-op in the other modes."""
+        if self.parameter_dtype is None:
+            return contextlib.nullcontext()
+        return DefaultDtype(self.parameter_dtype)
+
     def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
-        """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision)."""
+        """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision); in the true modes it
+        makes the dtype torch's default dtype (parameters and inputs are already in it)."""
         if self.dtype is None or not enabled:
             return contextlib.nullcontext()
+        if self.parameter_dtype is not None:
+            return DefaultDtype(self.parameter_dtype)
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -135,37 +228,50 @@ class Precision:
             self.scaler.load_state_dict(state)
 
 
-
 class FSDPPrecision(Precision):
-    """Mixed precision for FSDP2: parameters all-gathered in the low dtype, gradients reduced in float32.
+    """Precision for FSDP2.
 
-    The casts are FSDP's own (`MixedPrecisionPolicy`, applied when the strategy shards the module), so no
-    autocast runs; ``fp16`` adds a `ShardedGradScaler`, which agrees on skipped steps across ranks.
+    Mixed (``fp16``, ``bf16``): parameters all-gathered in the low dtype, gradients reduced in float32. The casts
+    are FSDP's own (`MixedPrecisionPolicy`, applied when the strategy shards the module), so no autocast runs;
+    ``fp16`` adds a `ShardedGradScaler`, which agrees on skipped steps across ranks.
+
+    True (``fp16-true``, ``bf16-true``, ``fp64-true``): the strategy converts the module before sharding it, so the
+    shards (and gradients, reductions and optimizer states) are in that dtype; no policy, inputs cast as by `Precision`.
+
+    Args:
+        mode: the precision mode (any spelling `normalize_precision` accepts).
+        device: the device the strategy runs on.
+        policy: an explicit `torch.distributed.fsdp.MixedPrecisionPolicy` for `fully_shard` (Accelerate's
+            ``FullyShardedDataParallelPlugin(mixed_precision_policy=...)``); `mp_policy` returns it instead of the
+            mode's. May also be assigned later (``strategy.precision.policy = ...``), before the module is sharded.
     """
 
-    def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
+    def __init__(self, mode: str = "no", device: torch.device | None = None, *, policy: Any = None) -> None:
         super().__init__(mode, device)
+        self.policy = policy
         if self.mode == "fp16":
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             self.scaler = ShardedGradScaler(self.device.type)
 
     def mp_policy(self) -> Any:
-        """The `MixedPrecisionPolicy` for `fully_shard` (None in full precision)."""
-        if self.dtype is None:
+        """The `MixedPrecisionPolicy` for `fully_shard`: `policy` when set, else the mode's (None in full and true precision)."""
+        if self.policy is not None:
+            return self.policy
+        if self.dtype is None or self.parameter_dtype is not None:
             return None
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         return MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        return module
+        return module if self.parameter_dtype is None else super().convert_module(module)
 
     def forward_context(self) -> AbstractContextManager[Any]:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if self.parameter_dtype is None else super().forward_context()
 
     def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if self.parameter_dtype is None else super().autocast(enabled)
 
 
 class DeepSpeedPrecision(Precision):
@@ -174,36 +280,40 @@ class DeepSpeedPrecision(Precision):
 
     The module's forward casts floating-point inputs to the dtype of the module's parameters (bf16 inside the
     engine, float32 for a module prepared for evaluation only) and returns float32 outputs, so a float32 batch and
-    a float32 loss work unchanged (Lightning's DeepSpeed precision does the same).
+    a float32 loss work unchanged (Lightning's DeepSpeed precision does the same). The true modes are refused:
+    the engine keeps float32 master weights whatever the module's dtype.
     """
 
     def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
+        self.refuse_true_precision(normalize_precision(mode))
         super().__init__(mode, device)
         self.scaler = None
+
+    @staticmethod
+    def refuse_true_precision(mode: str) -> None:
+        """Raise `ValueError` for a true mode, naming what to use instead."""
+        if mode not in TRUE_PRECISION_MODES:
+            return
+        instead = "'no'" if mode == "fp64-true" else "'bf16' (or 'fp16' on GPUs)"
+        raise ValueError(
+            f"mixed_precision={mode!r} is not supported by strategy='deepspeed': its engine keeps float32 master weights "
+            f"and computes in the low dtype itself; use {instead}, or strategy='fsdp'/'ddp' for true {mode[:-5]} parameters"
+        )
 
     def engine_config(self) -> dict[str, Any]:
         """The ``bf16``/``fp16`` sections of a DeepSpeed config for this mode."""
         return {"bf16": {"enabled": self.mode == "bf16"}, "fp16": {"enabled": self.mode == "fp16"}}
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        if self.dtype is None or getattr(module.forward, "_trainwright_autocast", False):
+        if self.dtype is None:
             return module
-        original = module.forward
         first = next((p for p in module.parameters() if p.is_floating_point()), None)
+        fallback = self.dtype
 
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            dtype = first.dtype if first is not None else self.dtype  # the engine's bf16, or float32 outside it (evaluation)
+        def dtype() -> torch.dtype:
+            return first.dtype if first is not None else fallback  # the engine's bf16, or float32 outside it (evaluation)
 
-            def cast(tensor: torch.Tensor) -> torch.Tensor:
-                return tensor.to(dtype) if tensor.is_floating_point() else tensor
-
-            output = original(*apply_to_tensors(cast, args), **apply_to_tensors(cast, kwargs))
-            return apply_to_tensors(_to_fp32, output)
-
-        forward._trainwright_autocast = True  # type: ignore[attr-defined]
-        module.forward = forward
-        return module
+        return cast_forward(module, inputs=dtype, outputs=_to_fp32)
 
     def forward_context(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
@@ -214,3 +324,8 @@ class DeepSpeedPrecision(Precision):
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def _to_default_dtype(tensor: torch.Tensor) -> torch.Tensor:
+    dtype = torch.get_default_dtype()
+    return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor

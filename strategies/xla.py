@@ -28,6 +28,7 @@ from torch import nn
 
 from strategies.base import Strategy
 from strategies.environment import ClusterEnvironment
+from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
 
 INSTALL_HINT = (
     "install the torch_xla build for this torch, e.g. pip install 'torch==2.9.*' 'torch_xla[tpu]==2.9.*' "
@@ -57,13 +58,24 @@ def import_xla() -> tuple[Any, Any, Any]:
     return torch_xla, xm, xr
 
 
+def _check_xla_precision(precision: str) -> None:
+    """Refuse what XLA cannot run, before torch_xla is imported: fp16 and the true modes."""
+    mode = normalize_precision(precision)
+    if mode == "fp16":
+        raise ValueError("mixed_precision='fp16' is not supported on XLA devices; use 'bf16' (TPUs compute in bfloat16) or 'no'")
+    if mode in TRUE_PRECISION_MODES:
+        instead = "'no'" if mode == "fp64-true" else "'bf16' (bfloat16 autocast on the XLA device) or 'no'"
+        raise ValueError(f"mixed_precision={mode!r} is not supported by strategy='xla' (no true-precision mode there); use {instead}")
+
+
 class XLAStrategy(Strategy):
     """Data parallel over XLA devices: gradients all-reduced in the optimizer step, graphs cut at every step.
 
     Args:
         cluster: the process layout; read from the XLA runtime (`torch_xla.runtime`) unless one from it is passed.
         cpu: refused (an XLA strategy runs on the XLA device; use strategy='single' for CPU).
-        precision: ``"no"`` or ``"bf16"`` (autocast on the XLA device); ``"fp16"`` is refused (TPUs compute in bf16).
+        precision: ``"no"`` or ``"bf16"`` (autocast on the XLA device); ``"fp16"`` and the true modes (``"bf16-true"``, ...)
+            are refused with a `ValueError` (TPUs compute in bf16; use ``"bf16"``).
         timeout: accepted for a uniform signature; XLA's collectives have their own.
     """
 
@@ -72,6 +84,7 @@ class XLAStrategy(Strategy):
     def __init__(self, *, cluster: ClusterEnvironment | None = None, cpu: bool = False, precision: str = "no", timeout: float | None = None) -> None:
         if cpu:
             raise ValueError("strategy='xla' runs on the XLA device, but cpu=True was passed; use strategy='single' for CPU")
+        _check_xla_precision(precision)
         torch_xla, xm, xr = import_xla()
         self._xm = xm
         if cluster is None or cluster.source != "xla":  # the runtime knows the layout (xmp.spawn sets no RANK variables)
@@ -79,10 +92,6 @@ class XLAStrategy(Strategy):
                 world_size=int(xr.world_size()), rank=int(xr.global_ordinal()), local_rank=int(xr.local_ordinal()),
                 local_world_size=int(xr.local_process_count()) if hasattr(xr, "local_process_count") else 1, source="xla",
             )
-        from strategies.precision import normalize_precision
-
-        if normalize_precision(precision) == "fp16":
-            raise ValueError("mixed_precision='fp16' is not supported on XLA devices; use 'bf16' (TPUs compute in bfloat16) or 'no'")
         device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
         super().__init__(cluster=cluster, device=device, precision=precision)
         self._optimizers: list[torch.optim.Optimizer] = []  # prepared here: their gradients are reduced before clipping

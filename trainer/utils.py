@@ -21,9 +21,12 @@ from trainer.accelerator.config import (
     DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     DistributedType,
+    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
+from trainer.big_modeling import init_empty_weights, init_on_device
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -141,15 +144,19 @@ __all__ = [
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradientAccumulationPlugin",
     "LoggerType",
     "ProjectConfiguration",
+    "TorchDynamoPlugin",
     "broadcast",
     "broadcast_object",
     "broadcast_object_list",
     "find_executable_batch_size",
     "gather",
     "gather_object",
+    "init_empty_weights",
+    "init_on_device",
     "pad_across_processes",
     "reduce",
     "seed_everything",

@@ -33,6 +33,7 @@ from torch import nn
 
 from strategies import Strategy, resolve_strategy
 from strategies.collectives import apply_to_tensors
+from strategies.compile import apply_compile, recompile_with, unwrap_compiled
 from strategies.environment import detect_environment, env_flag, env_setting
 from strategies.precision import normalize_precision
 from trainer.accelerator import state as accelerator_state
@@ -40,8 +41,10 @@ from trainer.accelerator.config import (
     DataLoaderConfiguration,
     DDPKwargs,
     DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
 from trainer.accelerator.layout import AcceleratorState, ProcessLayout, share_strategy
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
@@ -53,8 +56,9 @@ class Accelerator(ProcessLayout):
     """One object for device placement, distributed data, mixed precision, accumulation and checkpoints.
 
     Args:
-        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` (also ``"32"``, ``"16-mixed"``, ``"bf16-mixed"``);
-            default from ``TRAINWRIGHT_MIXED_PRECISION``, else ``"no"``.
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` (also ``"32"``, ``"16-mixed"``, ``"bf16-mixed"``), or true
+            precision ``"bf16-true"``, ``"fp16-true"``, ``"fp64-true"`` (also ``"16-true"``, ``"64-true"``, ``64``,
+            ``"double"``); default from ``TRAINWRIGHT_MIXED_PRECISION``, else ``"no"``. See docs/precision.md.
         gradient_accumulation_steps: optimizer steps happen every this many batches.
         split_batches: split each global batch across processes instead of giving each rank a full batch.
         even_batches: complete the last batches by wrapping around so every rank gets as many batches.
@@ -71,6 +75,10 @@ class Accelerator(ProcessLayout):
         process_group_timeout: seconds a collective may wait for a missing rank before failing the job.
         kwargs_handlers: `DDPKwargs` objects (Accelerate's ``DistributedDataParallelKwargs``).
         deepspeed_plugin: a `DeepSpeedPlugin` (Accelerate's): runs `strategies.DeepSpeedStrategy` with its settings.
+        fsdp_plugin: a `FullyShardedDataParallelPlugin` (Accelerate's): runs `strategies.FSDPStrategy` (FSDP2) with its settings.
+        dynamo_backend: a ``torch.compile`` backend (``"inductor"``, ...; ``"no"``: off): models are compiled after `prepare`
+            set them up (default from ``TRAINWRIGHT_DYNAMO_BACKEND``).
+        dynamo_plugin: a `TorchDynamoPlugin` (mode, fullgraph, dynamic, ``use_regional_compilation``), instead of `dynamo_backend`.
     """
 
     def __init__(
@@ -93,6 +101,9 @@ class Accelerator(ProcessLayout):
         process_group_timeout: float | None = None,
         kwargs_handlers: list[Any] | None = None,
         deepspeed_plugin: DeepSpeedPlugin | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
         if isinstance(strategy, Strategy) and mixed_precision is not None and normalize_precision(mixed_precision) != strategy.precision.mode:
             raise ValueError(
@@ -122,6 +133,18 @@ class Accelerator(ProcessLayout):
 
             strategy = DeepSpeedStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
                                          **deepspeed_plugin.strategy_kwargs())
+        if fsdp_plugin is None and (strategy or env_setting("STRATEGY", "auto")) in ("fsdp", "fsdp2") and env_setting("FSDP_PLUGIN"):
+            fsdp_plugin = FullyShardedDataParallelPlugin(**json.loads(str(env_setting("FSDP_PLUGIN"))))  # `trainer launch`'s config
+        if fsdp_plugin is not None:
+            if deepspeed_plugin is not None or strategy not in (None, "fsdp", "fsdp2"):
+                raise ValueError(f"fsdp_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='fsdp')")
+            from strategies.fsdp import FSDPStrategy
+
+            strategy = FSDPStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
+                                    **fsdp_plugin.strategy_kwargs())
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError("pass dynamo_backend or dynamo_plugin, not both (the plugin carries a backend)")
+        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
         self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
         self.strategy.setup_environment()
         self._plain_steps = self.strategy.plain_steps()  # backward is loss.backward(), a step optimizer.step()
@@ -197,6 +220,15 @@ class Accelerator(ProcessLayout):
         return self.project_configuration.iteration
 
     # prepare ------------------------------------------------------------------------------------------
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Build the model inside this block, where the strategy wants it (Lightning's ``init_module``).
+
+        Single device and DDP: on the device, in the dtype of a ``-true`` precision. FSDP2: on the meta device, so
+        `prepare` shards the empty model and each process initializes only its shards. DeepSpeed ZeRO-3: partitioned
+        as it is built. ``empty_init=False`` asks for a full real copy on every process; ``True`` for an empty one.
+        """
+        return self.strategy.module_init_context(empty_init)
+
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and data loaders, in any order; returned in the same order."""
         if device_placement is not None and len(device_placement) != len(args):
@@ -244,10 +276,12 @@ class Accelerator(ProcessLayout):
         if loaders:
             batch_size = int(loaders[0].batch_size or 1) // (self.num_processes if self.split_batches else 1) or 1
         i = models[0]
+        model, compiled = unwrap_compiled(args[i])
         wrapped, prepared = self.strategy.setup_module_and_optimizers(
-            args[i], [args[j] for j in optimizers], move=placements[i] is not False, batch_size=batch_size
+            model, [args[j] for j in optimizers], move=placements[i] is not False, batch_size=batch_size
         )
         self.strategy.precision.convert_module(self.strategy.unwrap_module(wrapped))
+        self._compile(wrapped, compiled)
         self._models.append(wrapped)
         out[i] = wrapped
         for j, optimizer in zip(optimizers, prepared):
@@ -261,10 +295,20 @@ class Accelerator(ProcessLayout):
         ``device_placement=False`` leaves the model where the user put it.
         """
         move = device_placement is not False
+        model, compiled = unwrap_compiled(model)  # torch.compile(model): set the model up, then compile it the same way
         model = self.strategy.setup_module(model, move=move, wrap=not evaluation_mode)
         self.strategy.precision.convert_module(self.strategy.unwrap_module(model))
+        self._compile(model, compiled)
         self._models.append(model)
         return model
+
+    def _compile(self, model: nn.Module, dynamo_ctx: Any) -> None:
+        """Compile the set-up model: as the ``torch.compile`` wrapper it came in asked, or as `dynamo_plugin` says."""
+        inner = self.strategy.unwrap_module(model)
+        if dynamo_ctx is not None:
+            recompile_with(inner, dynamo_ctx)
+        elif self.dynamo_plugin.enabled:
+            apply_compile(inner, self.dynamo_plugin.config())
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
         if isinstance(optimizer, PreparedOptimizer):

@@ -111,8 +111,9 @@ class DeepSpeedPlugin:
     """Accelerate's DeepSpeed settings (``Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))``), mapped onto
     `strategies.DeepSpeedStrategy`; ``hf_ds_config`` is a DeepSpeed config dict or JSON file path.
 
-    ``zero3_init_flag=True`` (building the model already partitioned) is refused: the model is partitioned when
-    prepared. ``zero3_save_16bit_model`` needs no flag: ``save_model`` always writes the consolidated float32 weights.
+    ``zero3_init_flag`` (ZeRO-3): whether models built in ``accelerator.init_module()`` are partitioned as they are
+    built (`deepspeed.zero.Init`); unset means yes, ``False`` builds a full copy there (partitioned when prepared).
+    ``zero3_save_16bit_model`` needs no flag: ``save_model`` always writes the consolidated float32 weights.
     """
 
     hf_ds_config: Any = None
@@ -129,11 +130,6 @@ class DeepSpeedPlugin:
     transformer_moe_cls_names: str | None = None
 
     def __post_init__(self) -> None:
-        if self.zero3_init_flag:
-            raise ValueError(
-                "zero3_init_flag=True (constructing the model partitioned) is not supported: the model is partitioned when "
-                "prepared; leave zero3_init_flag unset"
-            )
         if self.transformer_moe_cls_names:
             raise ValueError("transformer_moe_cls_names (DeepSpeed MoE leaf modules) is not supported; leave it unset")
         for name in ("offload_optimizer_device", "offload_param_device"):
@@ -153,4 +149,183 @@ class DeepSpeedPlugin:
                 zero[key] = {"device": device, **({"nvme_path": path} if path else {})}
         if self.gradient_accumulation_steps is not None:
             config["gradient_accumulation_steps"] = self.gradient_accumulation_steps
-        return {"config": config, "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping}
+        return {"config": config, "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping, "zero_init": self.zero3_init_flag}
+
+
+# FSDP1-only fields of Accelerate's plugin: their defaults are accepted, anything else is refused (FSDP2 has no such knob)
+_FSDP1_ONLY = {"backward_prefetch": None, "forward_prefetch": False, "limit_all_gathers": True, "use_orig_params": True,
+               "param_init_fn": None, "ignored_modules": None, "state_dict_config": None, "optim_state_dict_config": None}
+_RESHARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "1": True, "2": False}
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """Accelerate's FSDP settings (``Accelerator(fsdp_plugin=...)``, or the ``fsdp_config`` section of an ``accelerate
+    config`` file), mapped onto `strategies.FSDPStrategy` (FSDP2). Every field is read: one that has no FSDP2 meaning
+    (FSDP1's prefetch and state-dict configs, ``NO_SHARD``/``HYBRID_SHARD``) is refused with the reason when set to
+    anything but its default.
+
+    ``auto_wrap_policy``: ``"transformer_based_wrap"`` (the classes named in ``transformer_cls_names_to_wrap``, or the
+    model's ``_no_split_modules``), ``"size_based_wrap"`` (``min_num_params``), ``"no_wrap"`` or None (the root only),
+    or a set of module classes. ``activation_checkpointing=True`` checkpoints the same block classes.
+    """
+
+    fsdp_version: int | None = None
+    sharding_strategy: Any = None
+    reshard_after_forward: Any = None
+    auto_wrap_policy: Any = None
+    transformer_cls_names_to_wrap: Any = None
+    min_num_params: int | None = None
+    cpu_offload: Any = False
+    activation_checkpointing: bool = False
+    cpu_ram_efficient_loading: bool = False
+    sync_module_states: bool | None = None
+    mixed_precision_policy: Any = None
+    state_dict_type: Any = None
+    backward_prefetch: Any = None
+    forward_prefetch: bool = False
+    limit_all_gathers: bool = True
+    use_orig_params: bool | None = True
+    param_init_fn: Any = None
+    ignored_modules: Any = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.fsdp_version not in (None, 2, "2"):
+            raise ValueError(
+                f"fsdp_version={self.fsdp_version!r}: only FSDP2 (torch's fully_shard) is supported; FSDP1's full-state-dict and "
+                "optimizer checkpoints are unreliable. Set fsdp_version=2 (the same settings carry over)"
+            )
+        for name, default in _FSDP1_ONLY.items():
+            value = getattr(self, name)
+            if value is not None and value != default and not (name == "use_orig_params" and value is None):
+                raise ValueError(f"{name}={value!r} is an FSDP1 setting with no FSDP2 meaning; leave it unset (FSDP2 always "
+                                 "keeps the original parameters and prefetches one block ahead)")
+        if self.state_dict_type is not None and _name(self.state_dict_type) != "SHARDED_STATE_DICT":
+            raise ValueError(
+                f"state_dict_type={self.state_dict_type!r}: save_state writes sharded states (torch.distributed.checkpoint), which "
+                "load at any process count; full weights come from accelerator.save_model / get_state_dict. Use "
+                "'SHARDED_STATE_DICT' or leave it unset"
+            )
+        if self.activation_checkpointing and _name(self.auto_wrap_policy) not in ("TRANSFORMER_BASED_WRAP", "SET"):
+            raise ValueError(
+                "activation_checkpointing=True checkpoints the transformer block classes: set auto_wrap_policy="
+                "'transformer_based_wrap' (with transformer_cls_names_to_wrap, or a model with _no_split_modules)"
+            )
+
+    def strategy_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `strategies.FSDPStrategy`."""
+        from strategies.fsdp import NO_SPLIT_MODULES
+
+        kwargs: dict[str, Any] = {"reshard_after_forward": self._reshard(), "cpu_offload": bool(self.cpu_offload),
+                                  "cpu_ram_efficient_loading": bool(self.cpu_ram_efficient_loading or self.sync_module_states)}
+        policy = _name(self.auto_wrap_policy)
+        if policy == "TRANSFORMER_BASED_WRAP":
+            names = self.transformer_cls_names_to_wrap
+            names = names.split(",") if isinstance(names, str) else names
+            kwargs["wrap_classes"] = tuple(n.strip() if isinstance(n, str) else n for n in names) if names else (NO_SPLIT_MODULES,)
+        elif policy == "SIZE_BASED_WRAP":
+            kwargs["min_num_params"] = int(self.min_num_params or 100_000_000)
+        elif policy == "SET":
+            kwargs["wrap_classes"] = tuple(self.auto_wrap_policy)
+        elif policy not in ("NO_WRAP", "NONE"):
+            raise ValueError(
+                f"auto_wrap_policy={self.auto_wrap_policy!r} is not supported with FSDP2; use 'transformer_based_wrap', "
+                "'size_based_wrap', 'no_wrap' or a set of module classes"
+            )
+        if self.activation_checkpointing:
+            kwargs["activation_checkpointing_policy"] = kwargs["wrap_classes"]
+        if self.mixed_precision_policy is not None:
+            kwargs["mixed_precision_policy"] = _mixed_precision_policy(self.mixed_precision_policy)
+        return kwargs
+
+    def _reshard(self) -> bool:
+        for name in ("reshard_after_forward", "sharding_strategy"):
+            value = getattr(self, name)
+            if value is None or isinstance(value, bool):
+                if isinstance(value, bool):
+                    return value
+                continue
+            key = _name(value)
+            if key not in _RESHARD:
+                raise ValueError(
+                    f"{name}={value!r} is not supported: FSDP2 here shards over one mesh dimension ('FULL_SHARD': reshard after "
+                    "forward, or 'SHARD_GRAD_OP': keep the gathered parameters until backward); NO_SHARD is DDP "
+                    "(strategy='ddp'), HYBRID_SHARD needs a 2-D mesh, which is not available yet"
+                )
+            return _RESHARD[key]
+        return True
+
+
+def _name(value: Any) -> str:
+    """An enum's or string's upper-case name ("transformer_based_wrap" -> "TRANSFORMER_BASED_WRAP"); "SET" for a set of classes."""
+    if value is None:
+        return "NONE"
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return "SET"
+    if callable(value) and not isinstance(value, type):
+        return f"CALLABLE {getattr(value, '__name__', value)!r}"
+    text = getattr(value, "name", value)
+    return str(text).split(".")[-1].upper()
+
+
+def _mixed_precision_policy(value: Any) -> Any:
+    """A `MixedPrecisionPolicy` from one, or from a dict of its fields (dtypes or their names, as in a YAML config)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if isinstance(value, MixedPrecisionPolicy):
+        return value
+    if not isinstance(value, dict):
+        raise TypeError(f"mixed_precision_policy={value!r} must be a torch.distributed.fsdp.MixedPrecisionPolicy or a dict of its fields")
+    fields = {}
+    for key, item in value.items():
+        if key not in ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs"):
+            raise ValueError(f"mixed_precision_policy has unknown field {key!r}; use param_dtype, reduce_dtype, output_dtype, cast_forward_inputs")
+        if isinstance(item, str):
+            dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(item, item), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"mixed_precision_policy {key}={item!r} is not a torch dtype; use e.g. 'bfloat16' or 'float32'")
+            item = dtype
+        fields[key] = item
+    return MixedPrecisionPolicy(**fields)
+
+
+FSDPPlugin = FullyShardedDataParallelPlugin
+
+
+@dataclass
+class TorchDynamoPlugin:
+    """Accelerate's ``torch.compile`` settings (``Accelerator(dynamo_plugin=...)`` or ``dynamo_backend=``). The model is
+    compiled after the strategy set it up (sharded, activation-checkpointed); ``use_regional_compilation`` compiles each
+    repeated block instead of the whole forward (see `strategies.compile`). ``backend="no"`` (or ``disable``) compiles nothing.
+    """
+
+    backend: Any = None
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict[str, Any] | None = None
+    disable: bool = False
+    use_regional_compilation: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = os.environ.get("TRAINWRIGHT_DYNAMO_BACKEND", "no")
+        self.backend = getattr(self.backend, "value", self.backend)
+        if isinstance(self.backend, str):
+            self.backend = self.backend.lower()
+        self.config()  # checks the values now
+
+    @property
+    def enabled(self) -> bool:
+        return not self.disable and self.backend != "no"
+
+    def config(self) -> Any:
+        """The `strategies.compile.CompileConfig` these settings describe."""
+        from strategies.compile import CompileConfig
+
+        backend = "inductor" if self.backend == "no" else self.backend
+        return CompileConfig(backend=backend, mode=self.mode, fullgraph=bool(self.fullgraph), dynamic=self.dynamic,
+                             options=dict(self.options or {}), regional=bool(self.use_regional_compilation))

@@ -33,6 +33,15 @@ MIXED_PRECISION_ALIASES = {
     "16-mixed": "fp16",
     "bf16": "bf16",
     "bf16-mixed": "bf16",
+    # true precision (strategies.precision holds the same names; a unit test keeps them in step)
+    "bf16-true": "bf16-true",
+    "fp16-true": "fp16-true",
+    "16-true": "fp16-true",
+    "fp64-true": "fp64-true",
+    "64-true": "fp64-true",
+    "64": "fp64-true",
+    "fp64": "fp64-true",
+    "double": "fp64-true",
 }
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 CONFIG_ENV_VAR = "TRAINWRIGHT_CONFIG_FILE"
@@ -51,7 +60,7 @@ class LaunchSettings:
         rdzv_backend: torchrun rendezvous backend: ``static``, ``c10d``, ``etcd`` or ``etcd-v2``.
         rdzv_join_timeout: seconds to wait for every machine to join before failing.
         max_restarts: times torchrun restarts the worker group after a failure.
-        mixed_precision: ``no``, ``fp16`` or ``bf16``.
+        mixed_precision: ``no``, ``fp16``, ``bf16``, or true precision ``bf16-true``, ``fp16-true``, ``fp64-true``.
         strategy: strategy name (``auto``, ``single``, ``ddp``, ...).
         cpu: run on CPU even where GPUs exist.
         gradient_accumulation_steps: default gradient accumulation steps.
@@ -105,8 +114,8 @@ class LaunchSettings:
         mp = str(self.mixed_precision).lower()
         if mp not in MIXED_PRECISION_ALIASES:
             raise ValueError(
-                f"mixed_precision={self.mixed_precision!r} is not supported; choose one of 'no', 'fp16', 'bf16' "
-                "(or '32', '16-mixed', 'bf16-mixed')"
+                f"mixed_precision={self.mixed_precision!r} is not supported; choose one of 'no', 'fp16', 'bf16', 'fp16-true', "
+                "'bf16-true', 'fp64-true' (or '32', '16-mixed', 'bf16-mixed', '16-true', '64-true', 'double')"
             )
         self.mixed_precision = MIXED_PRECISION_ALIASES[mp]
         if self.rdzv_backend not in RDZV_BACKENDS:
@@ -321,7 +330,7 @@ def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdzv_join_timeout", type=int, help="seconds to wait for all machines to join (default 600)"
     )
     group.add_argument("--max_restarts", type=int, help="restarts of the worker group after a failure (default 0)")
-    group.add_argument("--mixed_precision", help="no, fp16 or bf16")
+    group.add_argument("--mixed_precision", help="no, fp16, bf16, or true precision bf16-true, fp16-true, fp64-true")
     group.add_argument("--strategy", help="strategy name: auto, single, ddp, ...")
     group.add_argument("--cpu", action="store_const", const=True, default=None, help="run on CPU even with GPUs")
     group.add_argument("--gradient_accumulation_steps", type=int, help="default gradient accumulation steps")

@@ -99,8 +99,8 @@ def check_arguments(**kw: Any) -> TrainerArgs:
             precision = normalize_precision(precision)
         except ValueError:
             raise ValueError(
-                f"precision={precision!r} is not supported; choose one of 32, 16, 'bf16', '32-true', '16-mixed', 'bf16-mixed' "
-                "(also 'no', 'fp16')"
+                f"precision={precision!r} is not supported; choose one of 32, 16, 'bf16', '32-true', '16-mixed', 'bf16-mixed', "
+                "'16-true', 'bf16-true', '64-true' (also 'no', 'fp16', 'fp16-true', 64, 'double')"
             ) from None
     if kw["max_epochs"] not in (None, -1):
         _check_int("max_epochs", kw["max_epochs"], 1, hint=", -1 (no epoch limit, with max_steps) or None")

@@ -38,7 +38,7 @@ _BATCH_EVENTS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backw
 
 
 class TrainBatch:
-    """Runs training batches of one epoch: ``TrainBatch(trainer)(batch, batch_idx)``; see the module docstring."""
+    """Runs training batches of one epoch: ``TrainBatch(trainer)(batch, batch_idx, last)``; see the module docstring."""
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -68,8 +68,9 @@ class TrainBatch:
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
 
-    def __call__(self, batch: Any, batch_idx: int) -> bool:
-        """Run one batch; return False (having done nothing more) when the processes agreed to stop."""
+    def __call__(self, batch: Any, batch_idx: int, last: bool) -> bool:
+        """Run one batch (`last`: the epoch's last, which ends an accumulation window); return False (having done
+        nothing more) when the processes agreed to stop."""
         trainer, state, hooks = self.trainer, self.state, self.hooks
         if trainer._moves_batches:
             batch = transfer_batch(trainer, batch, 0)
@@ -77,7 +78,7 @@ class TrainBatch:
         if "on_train_batch_start" in hooks:
             hooks["on_train_batch_start"](batch, batch_idx)
         if self.module.automatic_optimization:
-            boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches
+            boundary = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or last
             self.accelerator.sync_gradients = boundary
             if boundary:
                 output, stop = self._automatic(batch, batch_idx, boundary)
@@ -90,7 +91,7 @@ class TrainBatch:
             self.accelerator.sync_gradients = True
             output = self.manual_step(batch, batch_idx)
             stop = self._agree(False)[1]
-        state["batches_done_in_epoch"] = batch_idx + 1
+        state["batches_done_in_epoch"], state["is_last_batch"] = batch_idx + 1, last
         # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
         state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
         if "on_train_batch_end" in hooks:
@@ -139,14 +140,16 @@ class TrainBatch:
         return output, False
 
     def _in_precision(self, step: Any) -> Any:
-        """`step` (``training_step``) in the precision's context (autocast); `step` itself when that does nothing."""
+        """`step` (``training_step``) in the precision's context (autocast, or a true precision's default dtype, with
+        the batch's floating-point tensors in that dtype); `step` itself when that does nothing."""
         if self.plain_precision:
             return step
         precision = self.precision
+        convert = precision.convert_input
 
         def step_in_precision(batch: Any, batch_idx: int) -> Any:
             with precision.forward_context():
-                return step(batch, batch_idx)
+                return step(convert(batch), batch_idx)
 
         return step_in_precision
 

@@ -14,6 +14,8 @@ through the wrapped model's forward is the strategy's (`Strategy.call_through`).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +38,7 @@ def new_loop_state() -> dict[str, Any]:
     """The loop position of a fit that has not started."""
     return {
         "epoch": 0, "global_step": 0, "batches_that_stepped": 0, "stepping_batch_open": False, "batches_done_in_epoch": 0,
-        "accumulation_position": 0, "accumulated": 0, "should_stop": False, "validation_pending": False,
+        "accumulation_position": 0, "accumulated": 0, "should_stop": False, "validation_pending": False, "is_last_batch": False,
     }
 
 
@@ -69,16 +71,24 @@ def sanity_check(trainer: Trainer, val_loaders: list[Any]) -> None:
 
 
 def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
-    """Run (the rest of) one training epoch, validating when due."""
+    """Run (the rest of) one training epoch, validating when due.
+
+    The epoch ends after ``num_training_batches`` batches, or when the loader runs out: a loader without a length
+    (a stream) has ``num_training_batches == inf``, and its last batch is known while it is in use (the loader reads
+    one batch ahead: ``end_of_dataloader``), so accumulation, validation and checkpoints treat it as the sized
+    loader's last batch.
+    """
     state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
     pending = state.get("validation_pending", False) and bool(val_loaders)
-    if 0 < trainer.num_training_batches <= state["batches_done_in_epoch"]:  # restored from the end of an epoch
+    start, total = state["batches_done_in_epoch"], trainer.num_training_batches
+    if 0 < total <= start or (start and state.get("is_last_batch", False)):  # restored from the end of an epoch
         if pending:
             _validate(trainer, val_loaders)
         _close_stepping_batch(state)
         return _next_epoch(trainer, update_plateau=False)
-    start, total = state["batches_done_in_epoch"], trainer.num_training_batches
+    loader = trainer._train_loader
+    stream = math.isinf(num_batches(loader))
     batches = _train_batches(trainer, start)
     module.train()
     results.set_context("train", False)
@@ -87,22 +97,29 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         _validate(trainer, val_loaders)
     _close_stepping_batch(state)
     train_batch = TrainBatch(trainer) if trainer.profiler is None else ProfiledTrainBatch(trainer)
-    validates = bool(val_loaders)
-    for batch_idx, batch in zip(range(start, total), batches):  # range first: no batch is drawn past the limit
-        validate = state["validation_pending"] = validates and _validation_due(trainer, batch_idx)  # saved by checkpoints
-        go_on = train_batch(batch, batch_idx)
+    validates, drawn = bool(val_loaders), False
+    indices = range(start, int(total)) if math.isfinite(total) else itertools.count(start)
+    for batch_idx, batch in zip(indices, batches):  # the indices first: no batch is drawn past the limit
+        drawn, last = True, batch_idx + 1 >= total or (stream and loader.end_of_dataloader)
+        validate = state["validation_pending"] = validates and _validation_due(trainer, batch_idx, last)  # saved by checkpoints
+        go_on = train_batch(batch, batch_idx, last)
         if validate and go_on:
             _validate(trainer, val_loaders)
         state["validation_pending"] = False
         _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
         if not go_on or max_steps_reached(trainer):
             break
-        if trainer.agreed_signal and preemption.due(trainer) and batch_idx + 1 < total:  # at the epoch's end: after it
+        if trainer.agreed_signal and preemption.due(trainer) and not last:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
+    if stream and not drawn and start == 0 and total:
+        raise ValueError(
+            f"the train dataloader yielded no batch in epoch {trainer.current_epoch}: its IterableDataset ended at once, so "
+            "fit would take no step. Check that the data set yields items on every pass (after set_epoch), or pass a non-empty one"
+        )
     _, logged = _end_of_epoch(trainer, "train")
     trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
-    cut_by_max_steps = state["batches_done_in_epoch"] < trainer.num_training_batches and max_steps_reached(trainer)
-    if not cut_by_max_steps:  # an epoch cut short by max_steps stays open, so a resume continues it
+    epoch_over = state["batches_done_in_epoch"] >= total or state.get("is_last_batch", False)
+    if epoch_over or not max_steps_reached(trainer):  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
     return None
 
@@ -168,25 +185,31 @@ def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
     state = trainer.fit_loop_state
     state["epoch"] += 1
     state["batches_done_in_epoch"] = 0
+    state["is_last_batch"] = False
     agree_flags(trainer, False)  # every process learns whether one of them asked to stop
 
 
-def _validation_due(trainer: Trainer, batch_idx: int) -> bool:
+def _validation_due(trainer: Trainer, batch_idx: int, last: bool) -> bool:
+    """Validate after batch `batch_idx` (`last`: the epoch's last)? Every ``val_check_interval`` batches, else at the
+    epoch's end. A stream (no length) takes an int interval or 1.0 (its end); an int interval on it validates every
+    that many batches only, as in Lightning."""
     if (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch:
         return False
-    interval = trainer.val_check_interval
+    interval, total = trainer.val_check_interval, trainer.num_training_batches
     if isinstance(interval, float):
-        interval = max(1, int(trainer.num_training_batches * interval))
-    last = batch_idx + 1 == trainer.num_training_batches
-    if interval is None or interval >= trainer.num_training_batches:
+        if math.isinf(total):
+            return last  # 1.0: the end of the stream (other fractions were refused)
+        interval = max(1, int(total * interval))
+    if interval is None or interval >= total:
         return last
     return (batch_idx + 1) % interval == 0
 
 
 # ---------------------------------------------------------------------------------------- evaluation
-def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int]) -> Any:
+def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
     """Run one epoch of `stage` ("validation", "test" or "predict") over each loader in turn, at most `limits[i]`
-    batches of loader i. With several loaders the steps and batch hooks also get ``dataloader_idx`` (as Lightning's).
+    batches of loader i (``inf``: until it runs out, for a loader without a length). With several loaders the steps
+    and batch hooks also get ``dataloader_idx`` (as Lightning's).
 
     Returns ``[{metric: value}]``, one dict per loader (with several, loader i's holds the ``name/dataloader_idx_<i>``
     values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
@@ -202,8 +225,8 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     if through and trainer.world_size > 1:
         # Each sample is evaluated once, so processes may run different numbers of batches; a forward that
         # all-gathers would then wait forever for the process that has finished. Gather the parameters once instead.
-        counts = strategy.all_gather_object([min(limit, len(loader)) for loader, limit in zip(loaders, limits)])
-        if any(c != counts[0] for c in counts):
+        counts = strategy.all_gather_object([min(limit, num_batches(loader)) for loader, limit in zip(loaders, limits)])
+        if any(c != counts[0] for c in counts) or any(math.isinf(n) for c in counts for n in c):  # a stream's count is unknown
             gathered, through = strategy.gathered_parameters(wrapped), False
     several = len(loaders) > 1
     transfer = moves_batches_itself(trainer)
@@ -221,7 +244,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
             extra = (dataloader_idx,) if several else ()
             results.dataloader_suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
             batches = iter(loader)
-            for batch_idx in range(limit):
+            for batch_idx in range(int(limit)) if math.isfinite(limit) else itertools.count():
                 batch = next(batches, _MISSING)
                 if batch is _MISSING:
                     break
@@ -230,10 +253,11 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
                 results.set_batch(batch)
                 call(f"on_{stage}_batch_start", batch, batch_idx, *extra)
                 with strategy.precision.forward_context():
+                    inputs = strategy.precision.convert_input(batch)  # a true precision's dtype; the hooks get `batch`
                     if through:
-                        output = strategy.call_through(wrapped, module, f"{stage}_step", batch, batch_idx, *extra)
+                        output = strategy.call_through(wrapped, module, f"{stage}_step", inputs, batch_idx, *extra)
                     else:
-                        output = step(batch, batch_idx, *extra)
+                        output = step(inputs, batch_idx, *extra)
                 if stage == "predict":
                     predictions[dataloader_idx].append((batch_idx, trainer.global_rank, _to_cpu(output)))
                 call(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
@@ -270,13 +294,40 @@ def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) ->
 
 
 # ---------------------------------------------------------------------------------------- small helpers
-def limit_batches(num_batches: int, limit: int | float | None) -> int:
-    """Batches to run per epoch: all, at most `limit` (int), or a fraction of them (float)."""
+def num_batches(loader: Any) -> int | float:
+    """``len(loader)``, or ``float("inf")`` for a loader without a length (an `IterableDataset` without ``__len__``),
+    as Lightning counts it."""
+    try:
+        return len(loader)
+    except (TypeError, NotImplementedError):
+        return math.inf
+
+
+def limit_batches(num_batches: int | float, limit: int | float | None, name: str) -> int | float:
+    """Batches to run per epoch: all, at most `limit` (int), or a fraction of them (float).
+
+    `name` is the argument `limit` came from (``"limit_val_batches"``, ...), for the error on a loader without a length
+    (`num_batches` is inf), whose fraction is unknown: there only an int, 1.0 (all) or 0.0 (none) is taken.
+    """
     if limit is None:
         return num_batches
     if isinstance(limit, float):
+        if math.isinf(num_batches):
+            refuse_fraction(name, limit)
+            return num_batches if limit else 0
         return max(1, int(num_batches * limit)) if limit > 0 and num_batches else 0
     return min(num_batches, limit)
+
+
+def refuse_fraction(name: str, value: Any) -> None:
+    """Raise for a fraction (a float other than 0.0 and 1.0) of a loader without a length; Lightning's rule."""
+    if isinstance(value, float) and value not in (0.0, 1.0):
+        loader = name.removeprefix("limit_").removesuffix("_batches") if name.startswith("limit_") else "train"
+        use = "at most that many batches per epoch" if name.startswith("limit_") else "validate every that many training batches"
+        raise ValueError(
+            f"{name}={value!r} is a fraction of an epoch, but the {loader} dataloader has no length (an IterableDataset without "
+            f"__len__), so the fraction is unknown; pass an int ({use}) or 1.0 (the whole epoch)"
+        )
 
 
 def unshuffled(loader: Any, kind: str) -> Any:

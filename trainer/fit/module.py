@@ -276,6 +276,15 @@ class TrainModule(nn.Module):
             return self(batch[0])
         return self(batch)
 
+    def configure_model(self) -> None:
+        """Build the layers here instead of in ``__init__`` to have them built where the strategy wants (Lightning's hook).
+
+        Called once per ``fit``/``validate``/``test``/``predict``, after ``setup`` and before the module is set up and
+        ``configure_optimizers`` runs, inside the strategy's init context (`Trainer.init_module`): under FSDP2 on the
+        meta device, so each process then initializes only its shards. It may run again on the same module (a later
+        ``test`` after ``fit``): return early when the layers exist (``if self.model is not None: return``).
+        """
+
     def configure_optimizers(self) -> Any:
         """Return the optimizer(s) and scheduler(s); see `parse_optimizers` for the accepted forms."""
         raise NotImplementedError(

@@ -17,12 +17,14 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from callbacks.base import Callback
+from strategies.compile import recompile_with, unwrap_compiled
 from trainer.fit import loops, preemption
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
@@ -42,7 +44,8 @@ class Trainer:
         strategy: ``"auto"``, ``"single"``, ``"ddp"``, ``"fsdp"``, ``"deepspeed"`` (or ``"deepspeed_stage_3"``, ...) or a `Strategy`.
         devices: ``"auto"`` or the number of processes on this machine. ``strategy="ddp", devices=2`` in a plain
             ``python script.py`` re-runs the script on 2 processes when ``fit`` is called.
-        precision: ``32``/``"32-true"``/``"no"``, ``16``/``"16-mixed"``/``"fp16"``, ``"bf16-mixed"``/``"bf16"``
+        precision: ``32``/``"32-true"``/``"no"``, ``16``/``"16-mixed"``/``"fp16"``, ``"bf16-mixed"``/``"bf16"``; true
+            precision ``"bf16-true"``, ``"16-true"``/``"fp16-true"``, ``"64-true"``/``64``/``"double"``
             (default: full precision, or ``TRAINWRIGHT_MIXED_PRECISION``).
         max_epochs: stop after this many epochs (the first of `max_epochs` and `max_steps` reached wins).
         max_steps: stop after this many optimizer steps.
@@ -52,9 +55,11 @@ class Trainer:
         callbacks: `Callback` objects, called in list order before the module's hooks (Lightning's order).
         log_with: tracker name(s) (``"csv"``, ``"tensorboard"``, ...), tracker objects, or None.
         project_dir: where logs and checkpoints go.
-        val_check_interval: validate every N training batches (int) or every fraction of an epoch (float).
+        val_check_interval: validate every N training batches (int) or every fraction of an epoch (float; a train
+            loader without a length, a stream, takes only 1.0).
         check_val_every_n_epoch: validate every N epochs.
-        limit_train_batches: training batches per epoch (int) or a fraction of the loader (float).
+        limit_train_batches: training batches per epoch (int) or a fraction of the loader (float; a loader without a
+            length, a stream, takes only 0.0 or 1.0). A stream's epoch ends when it does (``num_training_batches`` is inf).
         limit_val_batches: the same for validation.
         limit_test_batches: the same for testing.
         limit_predict_batches: the same for prediction.
@@ -148,13 +153,15 @@ class Trainer:
         self.training = False
         self.optimizers: list[Any] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
-        self.num_training_batches = 0
-        self.num_val_batches: int | list[int] = 0  # a list with several loaders (one count each)
-        self.num_test_batches: int | list[int] = 0
-        self.num_predict_batches: int | list[int] = 0
+        # batches per epoch on this process, after limits; float("inf") for a loader without a length (a stream)
+        self.num_training_batches: int | float = 0
+        self.num_val_batches: int | float | list[int | float] = 0  # a list with several loaders (one count each)
+        self.num_test_batches: int | float | list[int | float] = 0
+        self.num_predict_batches: int | float | list[int | float] = 0
         self.lightning_module: TrainModule | None = None
         self._model: Any = None
         self._prepared_for: int | None = None
+        self._compile_ctx: Any = None  # the dynamo context of a torch.compile(module) passed to fit/validate/...
         self._train_loader: Any = None
         self._warned_skip = False  # training_step returned None: warned once per fit
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
@@ -165,7 +172,7 @@ class Trainer:
         # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
         # the on_step values logged in validation_step/test_step, as Lightning's
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
-        self._val_limits: list[int] = []  # validation batches per loader of the running fit
+        self._val_limits: list[int | float] = []  # validation batches per loader of the running fit
         self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
         self.profiler: SimpleProfiler | None = SimpleProfiler() if args.profiler == "simple" else None
         if args.benchmark is not None:
@@ -291,14 +298,19 @@ class Trainer:
         return str(Path(self.project_dir) / "logs")
 
     @property
-    def estimated_stepping_batches(self) -> int:
-        """Optimizer steps the whole ``fit`` will take (from the train loader length, epochs and max_steps)."""
+    def estimated_stepping_batches(self) -> int | float:
+        """Optimizer steps the whole ``fit`` will take (from the train loader length, epochs and max_steps).
+
+        A train loader without a length (a stream) gives ``max_steps``, or ``float("inf")`` without it: the number is unknown.
+        """
+        if math.isinf(self.num_training_batches):
+            return self.max_steps if self.max_steps is not None else math.inf
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         epochs = self.max_epochs if self.max_epochs not in (None, -1) else None
         total = per_epoch * epochs if epochs is not None else math.inf
         if self.max_steps is not None:
             total = min(total, self.max_steps)
-        return int(total) if total != math.inf else -1
+        return int(total) if total != math.inf else math.inf
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the global main process only."""
@@ -352,6 +364,7 @@ class Trainer:
         ``*_dataloader()`` methods.
         """
         _one_data_source(datamodule, train_dataloaders, val_dataloaders)
+        module = self._unwrap_compiled(module)
         if self.accelerator is None:
             launch_processes(self._args)
         if self.profiler is not None:
@@ -420,7 +433,11 @@ class Trainer:
         train loader in the checkpointed loader states.
         """
         given = loops.loader_from(module, "train", train_dataloaders, required=True)
-        if len(given) == 0:
+        length = loops.num_batches(given)
+        if math.isinf(length):  # a stream: a fraction of its epoch is unknown (Lightning's rule), refused before any work
+            loops.refuse_fraction("limit_train_batches", self._args.limit_train_batches)
+            loops.refuse_fraction("val_check_interval", self.val_check_interval)
+        if length == 0:
             raise ValueError(
                 f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
                 f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
@@ -432,11 +449,14 @@ class Trainer:
         self._train_loader = self.accelerator.prepare_data_loader(
             given, device_placement=not self._moves_batches, shard=self._args.use_distributed_sampler
         )
-        self.num_training_batches = loops.limit_batches(len(self._train_loader), self._args.limit_train_batches)
+        self.num_training_batches = loops.limit_batches(
+            loops.num_batches(self._train_loader), self._args.limit_train_batches, "limit_train_batches"
+        )
         if self.num_training_batches == 0:
             warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=4)
         val_loaders = self._fit_val_loaders(module, val_dataloaders)
-        self._val_limits = [loops.limit_batches(len(loader), self._args.limit_val_batches) for loader in val_loaders or []]
+        limit = self._args.limit_val_batches
+        self._val_limits = [loops.limit_batches(loops.num_batches(loader), limit, "limit_val_batches") for loader in val_loaders or []]
         self.num_val_batches = _one_or_list(self._val_limits)
         return val_loaders
 
@@ -445,7 +465,8 @@ class Trainer:
         val = loops.loader_from(module, "val", val_dataloaders, required=False) if loops.overrides(module, "validation_step") else None
         if val_dataloaders is not None and val is None:
             warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
-        if val is not None and all(loops.limit_batches(len(loader), self._args.limit_val_batches) == 0 for loader in val):
+        limit = self._args.limit_val_batches
+        if val is not None and all(loops.limit_batches(loops.num_batches(loader), limit, "limit_val_batches") == 0 for loader in val):
             val = None  # decided from the unsharded loaders, so every process agrees (a process may hold no batch)
         if val is not None and self._args.overfit_batches:
             val = [loops.unshuffled(loader, "val") for loader in val]
@@ -462,7 +483,7 @@ class Trainer:
             )
         if not joint and self._prepared_for != id(module):
             self._sync_batchnorm(module)
-            self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
+            self._model, self._prepared_for = self._prepare(module), id(module)
         optimizers, configs = parse_optimizers(module.configure_optimizers())
         if module.automatic_optimization and len(optimizers) != 1:
             raise ValueError(
@@ -472,7 +493,7 @@ class Trainer:
         if joint:
             self._sync_batchnorm(module)
             strategy.agree_clipping(self.gradient_clip_val, self.gradient_clip_algorithm)
-            prepared = self.accelerator.prepare(module, *optimizers)
+            prepared = self._prepare(module, *optimizers)
             self._model, self._prepared_for = prepared[0], id(module)
             self.optimizers = list(prepared[1:])
         else:
@@ -480,6 +501,43 @@ class Trainer:
         for config in configs:  # prepared so that checkpoints hold their state; stepped by the loop itself
             self.accelerator.prepare_scheduler(config.scheduler)
         self.lr_scheduler_configs = configs
+
+    def _prepare(self, module: TrainModule, *optimizers: Any) -> Any:
+        """`Accelerator.prepare` of the module (and, for an engine, its optimizers), compiled after it when asked."""
+        prepared = self.accelerator.prepare(module, *optimizers)
+        if self._compile_ctx is not None:  # fit(torch.compile(module)): the same compile, applied after sharding
+            recompile_with(module, self._compile_ctx)
+        return prepared
+
+    def _unwrap_compiled(self, module: Any) -> Any:
+        """``torch.compile(module)`` is accepted as Lightning does: the `TrainModule` runs, its forward compiled after setup."""
+        module, ctx = unwrap_compiled(module)
+        if ctx is not None:
+            self._compile_ctx = ctx
+        return module
+
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Build the model inside this block, where the strategy wants it (Lightning's ``Trainer.init_module``).
+
+        Single device and DDP: on the device, in the dtype of a ``-true`` precision. FSDP2: on the meta device, so the
+        fit shards the empty model and each process initializes only its shards (each submodule's
+        ``reset_parameters()``; see docs/strategies.md). DeepSpeed ZeRO-3: partitioned as it is built.
+        ``empty_init=False`` asks for a full real copy on every process, ``True`` for an empty one.
+        """
+        if self.accelerator is None:
+            raise RuntimeError(
+                f"trainer.init_module() needs the {self._args.devices} processes this Trainer asks for, which start at fit(); "
+                "start the script with `trainer launch` or torchrun, or build the model in TrainModule.configure_model()"
+            )
+        context: AbstractContextManager[Any] = self.accelerator.strategy.module_init_context(empty_init)
+        return context
+
+    def _configure_model(self, module: TrainModule) -> None:
+        """Lightning's ``configure_model`` hook, once per run before the module is set up, in the strategy's init context."""
+        if type(module).configure_model is TrainModule.configure_model:
+            return
+        with self.accelerator.strategy.module_init_context():
+            module.configure_model()
 
     def _sync_batchnorm(self, module: TrainModule) -> None:
         """``sync_batchnorm``: BatchNorm layers become SyncBatchNorm (in place) before the module is wrapped; one process: nothing."""
@@ -499,13 +557,14 @@ class Trainer:
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
         self._moves_batches = moves_batches_itself(self)
         loaders = [self._eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
-        limits = [loops.limit_batches(len(loader), getattr(self._args, f"limit_{kind}_batches")) for loader in loaders]
+        name = f"limit_{kind}_batches"
+        limits = [loops.limit_batches(loops.num_batches(loader), getattr(self._args, name), name) for loader in loaders]
         setattr(self, f"num_{kind}_batches", _one_or_list(limits))
         if self._prepared_for != id(module) and self.accelerator.strategy.joint_setup:
             # before any fit: an engine set up now could not take the optimizers of a later fit, so evaluate the plain module
             self._model = self.accelerator.strategy.setup_module(module, wrap=False)
         elif self._prepared_for != id(module):
-            self._model, self._prepared_for = self.accelerator.prepare(module), id(module)
+            self._model, self._prepared_for = self._prepare(module), id(module)
         if ckpt_path is not None:
             self._load_weights(ckpt_path)
         return loops.eval_loop(self, stage, loaders, limits)
@@ -535,7 +594,7 @@ class Trainer:
                 f"trainer.{stage}() cannot start the {self._args.devices} processes this Trainer asks for; call trainer.fit() "
                 "first (it re-runs the script on every process), or start the script with `trainer launch` or torchrun"
             )
-        module = module if module is not None else self.lightning_module
+        module = self._unwrap_compiled(module) if module is not None else self.lightning_module
         if not isinstance(module, TrainModule):
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
@@ -548,6 +607,7 @@ class Trainer:
             if datamodule is not None:
                 self._setup_datamodule(datamodule, setup_stage)
             self._dispatch.call("setup", setup_stage)
+            self._configure_model(module)
             result = body()
         except BaseException as err:
             self._dispatch.call_callbacks("on_exception", err)
@@ -622,7 +682,7 @@ class Trainer:
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
 
-def _one_or_list(limits: list[int]) -> int | list[int]:
+def _one_or_list(limits: list[int | float]) -> int | float | list[int | float]:
     """``num_val_batches`` and friends: the count of one loader (0 without any), or one count per loader."""
     return limits[0] if len(limits) == 1 else (limits or 0)
 

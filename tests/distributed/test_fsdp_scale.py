@@ -1,0 +1,250 @@
+"""A model that does not fit on one process: empty (meta) init, sharded materialization, activation checkpointing,
+compile, and process 0's weights scattered slice by slice, on 2 real processes (FSDP2, gloo), in both faces,
+against single-process training of the eagerly built model with the same seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers.multiprocess import run_distributed
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
+transformers = pytest.importorskip("transformers")
+
+STEPS, VOCAB, SEQ, GLOBAL_BATCH = 3, 128, 12, 4
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    return transformers.LlamaForCausalLM(config)
+
+
+def block_class() -> type[nn.Module]:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return LlamaDecoderLayer
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (STEPS, GLOBAL_BATCH, SEQ), generator=torch.Generator().manual_seed(3))
+
+
+def reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the model built eagerly (no meta device), full global batches."""
+    torch.manual_seed(0)
+    model = llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for batch in tokens():
+        loss = sum(model(input_ids=h, labels=h).loss for h in batch.chunk(2)) / 2
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class Counting:
+    """Counts runs of the blocks' forward code: with activation checkpointing each runs again in backward (this process only)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        cls = block_class()
+        original = cls.forward
+
+        def forward(block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return original(block, *args, **kwargs)
+
+        cls.forward = forward  # type: ignore[method-assign]
+
+
+def accelerator_run(compile_backend: str | None) -> dict[str, Any]:
+    from strategies import FSDPStrategy
+    from trainer import Accelerator, TorchDynamoPlugin
+
+    dynamo = TorchDynamoPlugin(backend=compile_backend, use_regional_compilation=True) if compile_backend else None
+    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()], activation_checkpointing_policy={block_class()}),
+                              dynamo_plugin=dynamo)
+    counter = Counting()
+    torch.manual_seed(0)
+    with accelerator.init_module():
+        model = llama()
+    built_empty = all(p.is_meta for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # built on the meta parameters: prepare points it at the shards
+    model, opt = accelerator.prepare(model, opt)
+    shard_rows = model.model.embed_tokens.weight.to_local().shape[0]
+    losses = []
+    for batch in tokens():
+        part = batch.chunk(2)[accelerator.process_index]
+        loss = model(input_ids=part, labels=part).loss
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(accelerator.reduce(loss.detach(), "mean")))
+    state = accelerator.get_state_dict(model)
+    accelerator.end_training()
+    return {"losses": losses, "state": state, "empty": built_empty, "block_calls": counter.calls, "shard_rows": shard_rows}
+
+
+def trainer_run(tmp: str) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    from strategies import FSDPStrategy
+    from trainer import Trainer, TrainModule
+
+    class LM(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model: nn.Module | None = None
+            self.configured = 0
+
+        def configure_model(self) -> None:
+            self.configured += 1
+            if self.model is not None:
+                return
+            torch.manual_seed(0)
+            self.model = llama()
+            self.built_empty = all(p.is_meta for p in self.model.parameters())
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            loss = self.model(input_ids=batch, labels=batch).loss
+            self.log("loss", loss, sync_dist=True)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    module = LM()
+    loader = DataLoader(list(tokens().reshape(-1, SEQ)), batch_size=GLOBAL_BATCH // 2, shuffle=False)  # per process
+    strategy = FSDPStrategy(cpu=True, wrap_classes=[block_class()], activation_checkpointing_policy={block_class()})
+    trainer = Trainer(strategy=strategy, max_steps=STEPS, project_dir=tmp, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, log_with=None, num_sanity_val_steps=0)
+    trainer.fit(module, loader)
+    state = trainer.strategy.module_state_dict(module)
+    return {"state": {k.removeprefix("model."): v for k, v in state.items()}, "empty": module.built_empty, "configured": module.configured}
+
+
+def test_llama_meta_init_with_activation_checkpointing_equals_one_process_in_the_accelerator_face() -> None:
+    losses, state = reference()
+    ranks = run_distributed(accelerator_run, None)
+    ours = ranks[0]
+    assert all(r["empty"] for r in ranks)  # built on the meta device: no full copy on any process
+    assert [r["shard_rows"] for r in ranks] == [VOCAB // 2, VOCAB // 2]
+    assert ours["losses"] == pytest.approx(losses, abs=1e-5)
+    assert set(ours["state"]) == set(state)  # plain keys: no _checkpoint_wrapped_module, no _fsdp_wrapped_module
+    assert max(float((ours["state"][k] - state[k]).abs().max()) for k in state) < 1e-5
+    # 2 blocks x 3 steps forward, and again for the recomputation in backward
+    assert ours["block_calls"] == 2 * STEPS * 2
+
+
+def test_llama_configure_model_under_fsdp_equals_one_process_in_the_trainer_face(tmp_path: Path) -> None:
+    _, state = reference()
+    ranks = run_distributed(trainer_run, str(tmp_path))
+    ours = ranks[0]
+    assert all(r["empty"] for r in ranks)
+    assert ours["configured"] == 1
+    assert set(ours["state"]) == set(state)
+    assert max(float((ours["state"][k] - state[k]).abs().max()) for k in state) < 1e-5
+
+
+def test_regional_compile_after_sharding_follows_eager_losses() -> None:
+    eager = run_distributed(accelerator_run, None)[0]["losses"]
+    compiled = run_distributed(accelerator_run, "aot_eager", timeout=300)[0]["losses"]
+    assert compiled == pytest.approx(eager, abs=1e-4)
+
+
+# cpu_ram_efficient_loading -----------------------------------------------------------------------------------
+class Recorded(nn.Linear):
+    """A Linear that records whether it was ever initialized in full (``reset_parameters``) in this process."""
+
+    resets = 0
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:  # on the meta device it allocates nothing
+            type(self).resets += 1
+        super().reset_parameters()
+
+
+class Wide(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Recorded(256, 256) for _ in range(4)])
+        self.register_buffer("scale", torch.full((256,), 0.5))
+
+    def reset_parameters(self) -> None:  # its own buffer (the layers reset theirs): what materializing a meta build runs
+        with torch.no_grad():
+            self.scale.fill_(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x)) * self.scale
+        return x
+
+
+def rank0_loading_run() -> dict[str, Any]:
+    from strategies import FSDPStrategy
+    from trainer import Accelerator, init_empty_weights
+
+    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[Recorded], cpu_ram_efficient_loading=True))
+    Recorded.resets = 0
+    if accelerator.is_main_process:
+        torch.manual_seed(5)
+        model = Wide()  # process 0: the real (pretrained) weights
+        with torch.no_grad():
+            model.scale.fill_(0.25)  # a buffer changed after construction: it must reach the others too
+    else:
+        with init_empty_weights(include_buffers=True):
+            model = Wide()
+    resets_before_prepare = Recorded.resets
+    model = accelerator.prepare(model)
+    state = accelerator.get_state_dict(model)
+    out = model(torch.ones(2, 256))
+    return {"resets": Recorded.resets, "resets_before": resets_before_prepare, "state": state,
+            "out": out.detach(), "rows": model.layers[0].weight.to_local().shape[0]}
+
+
+def test_cpu_ram_efficient_loading_gives_each_process_only_its_slices_of_process_0s_weights() -> None:
+    torch.manual_seed(5)
+    expected = Wide()
+    with torch.no_grad():
+        expected.scale.fill_(0.25)
+    ranks = run_distributed(rank0_loading_run)
+    zero, one = ranks
+    assert zero["resets_before"] == 4 and one["resets"] == 0  # process 1 never initialized a full layer
+    assert one["rows"] == 128
+    assert set(zero["state"]) == set(expected.state_dict())
+    for name, value in expected.state_dict().items():
+        assert torch.equal(zero["state"][name], value), name
+    torch.testing.assert_close(zero["out"], expected(torch.ones(2, 256)).detach())
+    torch.testing.assert_close(one["out"], zero["out"])
+
+
+def sliced_load_run(path: str) -> dict[str, Any]:
+    from strategies import FSDPStrategy
+    from strategies.checkpoint_io import load_weights
+    from trainer import Accelerator
+
+    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[Recorded]))
+    with accelerator.init_module():
+        model = Wide()
+    model = accelerator.prepare(model)
+    load_weights(Path(path), model)
+    return {"state": accelerator.get_state_dict(model)}
+
+
+def test_full_safetensors_weights_load_into_a_sharded_model_slice_by_slice(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(9)
+    source = Wide()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    state = run_distributed(sliced_load_run, str(tmp_path))[0]["state"]
+    for name, value in source.state_dict().items():
+        assert torch.equal(state[name], value), name
