@@ -412,11 +412,16 @@ class DeepSpeedStrategy(Strategy):
             inner.load_state_dict(state, strict=strict)
         if not self._masters:
             return
-        from deepspeed.utils import safe_set_full_fp32_param
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_local_fp32_param
 
         for name, param in inner.named_parameters():
-            if name in state:
-                safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
+            if name not in state:
+                continue
+            value = state[name].to(self.device, torch.float32)
+            if hasattr(param, "ds_id"):  # stage 3: DeepSpeed's full setter cannot cut the last, padded partition; cut it here
+                safe_set_local_fp32_param(param, _local_partition(value, param))
+            else:
+                safe_set_full_fp32_param(param, value)
 
     def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions) plus full float32 ``model.safetensors``."""
@@ -466,6 +471,14 @@ class DeepSpeedStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(zero_stage={self.zero_stage}, device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"
+
+
+def _local_partition(value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:
+    """This process's slice of a ZeRO-3 parameter's full `value`: as long as its partition, zero-padded at the end."""
+    size = param.ds_tensor.numel()  # type: ignore[attr-defined]
+    start = size * dist.get_rank(group=param.ds_process_group)  # type: ignore[attr-defined]
+    piece = value.flatten()[start : start + size]
+    return torch.cat([piece, piece.new_zeros(size - piece.numel())])
 
 
 @contextlib.contextmanager

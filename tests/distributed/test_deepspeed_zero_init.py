@@ -8,8 +8,13 @@ The first DeepSpeed run on a machine compiles its CPU communication op (about a 
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -68,7 +73,7 @@ def _reference(kind: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tens
     return initial, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _partitioned_run(kind: str, face: str):
+def _partitioned_run(kind: str, face: str, directory: str):
     import deepspeed
 
     from strategies import DeepSpeedStrategy
@@ -101,9 +106,35 @@ def _partitioned_run(kind: str, face: str):
         opt.step()
         opt.zero_grad()
     state = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
-    bf16 = _bf16_build() if kind == "mlp" else None
+    extra = {"loaded": _load_weights(acc, model, directory), "rss": _rss_growth(acc), "bf16": _bf16_build()} if kind == "mlp" else {}
     acc.end_training()
-    return {"built": built, "initial": initial, "state": state, "bf16": bf16}
+    return {"built": built, "initial": initial, "state": state, **extra}
+
+
+def _load_weights(acc: Any, model: nn.Module, directory: str) -> float:
+    """Weights alone (another strategy's ``model.safetensors``) into the ZeRO-3 engine: the partitioned module and its
+    float32 master copies (every parameter's, also those whose size the processes do not divide evenly)."""
+    from safetensors.torch import save_file
+
+    target = {k: torch.full_like(v, 0.25 + i) for i, (k, v) in enumerate(_net().state_dict().items())}
+    if acc.is_main_process:
+        save_file(target, str(Path(directory, "model.safetensors")))
+    acc.wait_for_everyone()
+    acc.strategy.load_checkpoint(Path(directory), [model], [])
+    return _max_diff(acc.get_state_dict(model), target)
+
+
+def _rss_growth(acc: Any) -> tuple[float, float] | None:
+    """(resident memory the process grew by, full size), in MiB, when a wide model is built in ``init_module()``."""
+    if sys.platform != "linux":
+        return None
+    ctypes.CDLL(None).mallopt(-3, 1 << 17)  # M_MMAP_THRESHOLD: freed temporaries above 128 KiB go back to the system
+    page = os.sysconf("SC_PAGE_SIZE") / 2**20
+    before = int(Path("/proc/self/statm").read_text().split()[1]) * page
+    with acc.init_module():
+        wide = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(16)])
+    grown = int(Path("/proc/self/statm").read_text().split()[1]) * page - before
+    return grown, sum(p.ds_numel for p in wide.parameters()) * 4 / 2**20
 
 
 def _bf16_build() -> dict[str, object]:
@@ -123,9 +154,9 @@ def _bf16_build() -> dict[str, object]:
 
 
 @pytest.mark.parametrize(("kind", "face"), [("mlp", "plugin"), ("llama", "strategy")])
-def test_zero3_init_partitions_at_construction_and_trains_like_one_process(kind: str, face: str) -> None:
+def test_zero3_init_partitions_at_construction_and_trains_like_one_process(kind: str, face: str, tmp_path: Path) -> None:
     ref_initial, reference = _reference(kind)
-    out = run_distributed(_partitioned_run, kind, face)
+    out = run_distributed(_partitioned_run, kind, face, str(tmp_path))
     for rank in (0, 1):
         built = out[rank]["built"]
         assert built["all_partitioned"] and built["full_elements_held"] == 0  # no process ever held the full model
@@ -137,6 +168,11 @@ def test_zero3_init_partitions_at_construction_and_trains_like_one_process(kind:
         assert _max_diff(out[rank]["state"], reference) <= 1e-4
     if kind == "mlp":
         assert out[0]["bf16"] == {"dtypes": ["torch.bfloat16"], "stepped": True, "weights": "torch.float32"}
+        assert out[0]["loaded"] == out[1]["loaded"] == 0.0
+        for rank in (0, 1):  # about half the model (its slices) plus one layer's temporaries; a full copy would be all of it
+            if out[rank]["rss"] is not None:
+                grown, full = out[rank]["rss"]
+                assert grown < 0.75 * full, (grown, full)
 
 
 def _empty_below_stage3_run():

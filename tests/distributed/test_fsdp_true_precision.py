@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -86,6 +87,6 @@ def test_fsdp_bf16_true_shards_bf16_and_matches_one_process(tmp_path: Any) -> No
     assert {v.dtype for v in ranks[0]["full"].values()} == {torch.bfloat16} and ranks[1]["full"] == {}
     # the global loss of a step is the mean of the two processes' half-batch means (equal halves)
     losses = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
-    assert len(losses) == STEPS and all(later < earlier for earlier, later in zip(losses, losses[1:]))  # it trains
+    assert len(losses) == STEPS and all(later < earlier for earlier, later in itertools.pairwise(losses))  # it trains
     assert losses[-1] < 0.5 * losses[0]
     assert max(abs(a - b) / b for a, b in zip(losses, reference["losses"])) <= LOSS_RTOL

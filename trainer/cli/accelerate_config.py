@@ -102,10 +102,36 @@ def settings_from_accelerate(data: Mapping[str, Any], *, source: str = "<config>
     if str(data.get("downcast_bf16", "no")).lower() not in ("no", "false"):
         warnings.warn(f"downcast_bf16 in {source!r} is a TPU setting and has no effect here", stacklevel=2)
     if kind == "FSDP" and data.get("fsdp_config"):
-        warnings.warn(f"fsdp_config in {source!r} is not read; configure the 'fsdp' strategy in code (FSDPStrategy)", stacklevel=2)
+        values["fsdp_plugin"] = _fsdp_section(data["fsdp_config"], source)
     if kind == "DEEPSPEED" and data.get("deepspeed_config"):
         values["deepspeed_plugin"] = _deepspeed_section(data["deepspeed_config"], source)
     return LaunchSettings(**values)
+
+
+# fsdp_config keys of `accelerate config` -> FullyShardedDataParallelPlugin fields (the rest: the key without "fsdp_")
+_FSDP_KEYS = {"fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap", "fsdp_offload_params": "cpu_offload",
+              "fsdp_version": "fsdp_version"}
+
+
+def _fsdp_section(section: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Accelerate's ``fsdp_config`` section as `FullyShardedDataParallelPlugin` arguments (each checked by the plugin)."""
+    from dataclasses import fields
+
+    from trainer.accelerator.config import FullyShardedDataParallelPlugin
+
+    known = {f.name for f in fields(FullyShardedDataParallelPlugin)}
+    plugin: dict[str, Any] = {}
+    for key, value in section.items():
+        name = _FSDP_KEYS.get(key, key.removeprefix("fsdp_"))
+        if name not in known:
+            spelled = sorted({f"fsdp_{k}" for k in known - set(_FSDP_KEYS.values())} | set(_FSDP_KEYS))
+            raise ValueError(f"fsdp_config key {key!r} in {source!r} is not known; known: {spelled}")
+        plugin[name] = value
+    try:
+        FullyShardedDataParallelPlugin(**plugin).strategy_kwargs()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"fsdp_config in {source!r}: {err}") from None
+    return plugin
 
 
 # deepspeed_config keys of `accelerate config` that choose DeepSpeed's own multi-node launcher: we launch with torchrun

@@ -86,6 +86,7 @@ class LaunchSettings:
     process_group_timeout: float | None = None
     gpu_ids: str | None = None
     deepspeed_plugin: dict[str, Any] | None = None
+    fsdp_plugin: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -136,6 +137,16 @@ class LaunchSettings:
             if unknown:
                 raise ValueError(f"deepspeed_plugin has unknown key(s) {unknown}; known: {known}")
             DeepSpeedPlugin(**self.deepspeed_plugin)  # its own checks
+        if self.fsdp_plugin is not None:
+            from trainer.accelerator.config import FullyShardedDataParallelPlugin
+
+            if not isinstance(self.fsdp_plugin, dict):
+                raise ValueError(f"fsdp_plugin={self.fsdp_plugin!r} must be a mapping of FullyShardedDataParallelPlugin arguments")
+            known = [f.name for f in fields(FullyShardedDataParallelPlugin)]
+            unknown = sorted(set(self.fsdp_plugin) - set(known))
+            if unknown:
+                raise ValueError(f"fsdp_plugin has unknown key(s) {unknown}; known: {known}")
+            FullyShardedDataParallelPlugin(**self.fsdp_plugin).strategy_kwargs()  # its own checks
         if self.process_group_timeout is not None:
             if isinstance(self.process_group_timeout, bool) or not isinstance(self.process_group_timeout, (int, float)):
                 raise ValueError(
