@@ -209,7 +209,7 @@ def test_zero_init_settings_and_errors() -> None:
     assert DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True).strategy_kwargs()["zero_init"] is True  # no longer refused
     with pytest.raises(ValueError, match="transformer_moe_cls_names"):
         DeepSpeedPlugin(transformer_moe_cls_names="MoE")
-    with pytest.raises(ValueError, match="zero_init=True .* needs ZeRO stage 3, but the stage is 2"):
+    with pytest.raises(ValueError, match=r"zero_init=True .* needs ZeRO stage 3, but the stage is 2"):
         DeepSpeedStrategy(cpu=True, zero_stage=2, zero_init=True)
     strategy = DeepSpeedStrategy(cpu=True, zero_stage=2)
     with strategy.module_init_context():  # below stage 3: a full copy on the device, no process group needed

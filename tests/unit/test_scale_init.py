@@ -199,7 +199,7 @@ def test_accelerator_dynamo_backend_compiles_after_prepare_and_regional_compiles
     regional.prepare(holder)
     assert all(getattr(b.forward, "_trainwright_compiled", False) for b in blocks)
     assert not Accelerator(cpu=True).dynamo_plugin.enabled
-    with pytest.raises(ValueError, match="not a torch.compile mode"):
+    with pytest.raises(ValueError, match=r"not a torch\.compile mode"):
         TorchDynamoPlugin(backend="inductor", mode="fastest")
 
 
