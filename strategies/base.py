@@ -84,8 +84,8 @@ class Strategy:
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
         """Place `module` on the device (``move``) and wrap it for this strategy (``wrap``); returns what to call."""
-        materialize_if_empty(self, module)
-        module = self.precision.convert_parameters(module)  # true precision: module.to(dtype)
+        module = self.precision.convert_parameters(module)  # true precision: module.to(dtype) (an empty model too)
+        materialize_if_empty(self, module)  # initialized in that dtype, as under module_init_context, and as FSDP does
         return module.to(self.device) if move else module
 
     def remember_replaced(self, before: list[tuple[str, nn.Parameter]], module: nn.Module) -> None:

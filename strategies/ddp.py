@@ -68,8 +68,8 @@ class DDPStrategy(Strategy):
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
-        materialize_if_empty(self, module)
         module = self.precision.convert_parameters(module)  # true precision: before DDP sizes its gradient buckets
+        materialize_if_empty(self, module)  # an empty model: initialized in that dtype (as every strategy does)
         module = module.to(self.device) if move else module
         if not wrap or not self.is_distributed or not any(p.requires_grad for p in module.parameters()):
             return module

@@ -259,6 +259,7 @@ class DeepSpeedStrategy(Strategy):
             return super().module_init_context(empty_init)
         if not dist.is_initialized():
             self.setup_environment()  # zero.Init partitions across the process group
+        os.environ.setdefault("LOCAL_RANK", str(self.local_rank))  # zero.Init picks its device by it (unset in a plain process)
         return partitioned_init(import_deepspeed(self.device), self.init_config(), self.precision.module_init_context())
 
     def init_config(self) -> dict[str, Any]:
@@ -274,9 +275,9 @@ class DeepSpeedStrategy(Strategy):
         if not wrap:
             if is_partitioned(module):
                 raise ValueError(
-                    f"this {type(module).__name__} was built partitioned (ZeRO-3 init_module()), so it runs only inside the DeepSpeed "
-                    "engine and cannot be used as a plain module; prepare it with its optimizer (fit) first, or build it with "
-                    "init_module(empty_init=False) to evaluate it before training"
+                    f"this {type(module).__name__} was built partitioned (ZeRO-3: init_module() or configure_model()), so it runs "
+                    "only inside a DeepSpeed engine, not as a plain module: prepare it through the engine (accelerator.prepare(model, "
+                    "optimizer); with the Trainer, fit before evaluating), or build it with init_module(empty_init=False)"
                 )
             materialize_if_empty(self, module)
             return module.to(self.device) if move else module

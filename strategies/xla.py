@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.base import Strategy
+from strategies.base import Strategy, materialize_if_empty
 from strategies.environment import ClusterEnvironment
 from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
 
@@ -104,7 +104,11 @@ class XLAStrategy(Strategy):
             dist.init_process_group("xla", init_method="xla://")
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
-        return module.to(self.device) if move else module  # no wrapper: the optimizer step reduces gradients
+        materialize_if_empty(self, module)
+        before = list(module.named_parameters(remove_duplicate=False))
+        module = module.to(self.device) if move else module  # no wrapper: the optimizer step reduces gradients
+        self.remember_replaced(before, module)  # moving to an XLA device makes new parameters: optimizers follow them
+        return module
 
     def _reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self.world_size > 1 and id(optimizer) not in self._reduced:

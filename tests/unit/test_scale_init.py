@@ -240,3 +240,25 @@ def test_accelerate_config_fsdp_section_reaches_the_plugin() -> None:
         settings_from_accelerate({"distributed_type": "FSDP", "fsdp_config": {"fsdp_bogus": 1}})
     with pytest.raises(ValueError, match="only FSDP2"):
         settings_from_accelerate({"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 1}})
+
+
+def test_trainer_compile_option_compiles_the_blocks_after_setup(tmp_path: Any) -> None:
+    class Blocks(Regressor):
+        def configure_model(self) -> None:
+            if self.net is None:
+                self.blocks = nn.ModuleList([Block(), Block()])
+                self.net = nn.Linear(6, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return self.net(x)
+
+    module = Blocks()
+    _trainer(tmp_path, compile={"backend": "aot_eager", "use_regional_compilation": True}).fit(module, _loader())
+    assert all(getattr(b.forward, "_trainwright_compiled", False) for b in module.blocks)
+    assert not getattr(module.forward, "_trainwright_compiled", False)
+    with pytest.raises(TypeError, match="compile="):
+        _trainer(tmp_path, compile="yes")
+    with pytest.raises(ValueError, match="pick one"):
+        _trainer(tmp_path, compile=True).fit(torch.compile(Blocks()), _loader())

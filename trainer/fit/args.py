@@ -59,6 +59,7 @@ class TrainerArgs:
     detect_anomaly: bool = False
     benchmark: bool | None = None
     profiler: str | None = None
+    compile: Any = None
     launch_processes: bool = False
 
 
@@ -154,6 +155,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     _check_int("reload_dataloaders_every_n_epochs", kw["reload_dataloaders_every_n_epochs"], 0, hint=" (0: never reload)")
     if kw["profiler"] not in _PROFILERS:
         raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}")
+    kw["compile"] = _compile_plugin(kw["compile"])
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
     return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))
@@ -161,6 +163,26 @@ def check_arguments(**kw: Any) -> TrainerArgs:
 
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 _PROFILERS = (None, "simple")
+
+
+def _compile_plugin(value: Any) -> Any:
+    """``compile=``: None/False (off), True (inductor), a dict of `TorchDynamoPlugin` fields, or a `TorchDynamoPlugin`."""
+    from trainer.accelerator.config import TorchDynamoPlugin
+
+    if value is None or value is False:
+        return None
+    if value is True:
+        return TorchDynamoPlugin(backend="inductor")
+    if isinstance(value, TorchDynamoPlugin):
+        return value
+    if isinstance(value, dict):
+        try:
+            return TorchDynamoPlugin(**{"backend": "inductor", **value})
+        except TypeError as err:
+            raise TypeError(f"compile={value!r}: {err}; the keys are TorchDynamoPlugin's (backend, mode, fullgraph, dynamic, options, "
+                            "use_regional_compilation)") from None
+    raise TypeError(f"compile={value!r} must be True, a dict of TorchDynamoPlugin fields or a TorchDynamoPlugin, e.g. "
+                    "compile={'use_regional_compilation': True}")
 
 
 def _overfit_batches(kw: dict[str, Any]) -> dict[str, Any]:
@@ -282,6 +304,7 @@ def build_accelerator(args: TrainerArgs) -> Any:
         project_dir=args.project_dir,
         step_scheduler_with_optimizer=False,
         process_group_timeout=args.process_group_timeout,
+        dynamo_plugin=args.compile,
     )
 
 

@@ -95,6 +95,9 @@ class Trainer:
         detect_anomaly: run ``fit`` under ``torch.autograd.detect_anomaly()``.
         benchmark: set ``torch.backends.cudnn.benchmark`` (None leaves it as it is).
         profiler: ``"simple"`` times the main actions and the hooks of ``fit`` and prints a summary at its end; None: off.
+        compile: compile the module after the strategy set it up (sharded, activation-checkpointed): ``True`` (inductor,
+            the whole forward), a `TorchDynamoPlugin` (``use_regional_compilation=True`` compiles each repeated block), or
+            a dict of its fields. ``fit(torch.compile(module))`` does the same for the whole forward.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class Trainer:
         detect_anomaly: bool = False,
         benchmark: bool | None = None,
         profiler: str | None = None,
+        compile: Any = None,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
@@ -512,6 +516,11 @@ class Trainer:
     def _unwrap_compiled(self, module: Any) -> Any:
         """``torch.compile(module)`` is accepted as Lightning does: the `TrainModule` runs, its forward compiled after setup."""
         module, ctx = unwrap_compiled(module)
+        if ctx is not None and self._args.compile is not None:
+            raise ValueError(
+                "the module passed is compiled (torch.compile) and this Trainer was built with compile=...: pick one; pass the "
+                "plain module to compile it as the Trainer's compile= says, after the strategy set it up"
+            )
         if ctx is not None:
             self._compile_ctx = ctx
         return module
