@@ -55,8 +55,8 @@ def apply_activation_checkpointing(model: nn.Module, policy: Policy) -> list[nn.
     for sub in model.modules():
         if id(sub) in inside or sub is model or not selects(checked, sub):
             continue
-        if not getattr(sub.forward, "_trainwright_checkpointed", False):
-            sub.forward = _checkpointed(sub.forward)
+        if checkpointed_function(sub.forward) is None:
+            sub.forward = checkpoint_forward(sub.forward)
         chosen.append(sub)
         inside.update(id(m) for m in sub.modules())
     if not chosen:
@@ -67,10 +67,17 @@ def apply_activation_checkpointing(model: nn.Module, policy: Policy) -> list[nn.
     return chosen
 
 
-def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+def checkpoint_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` run under non-reentrant `torch.utils.checkpoint.checkpoint`."""
+
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
-    run._trainwright_checkpointed = True  # type: ignore[attr-defined]
+    run._trainwright_checkpointed = forward  # type: ignore[attr-defined]
     return run
+
+
+def checkpointed_function(forward: Any) -> Callable[..., Any] | None:
+    """The function a `checkpoint_forward` wrapper runs, or None when `forward` is not one."""
+    return getattr(forward, "_trainwright_checkpointed", None)

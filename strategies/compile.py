@@ -10,11 +10,14 @@ instead of the whole forward: one graph per block class, compiled once and reuse
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
+
+from strategies.activation_checkpointing import checkpointed_function
 
 
 @dataclass
@@ -56,18 +59,34 @@ def apply_compile(model: nn.Module, config: CompileConfig) -> list[nn.Module]:
         )
     for module in targets:
         if not getattr(module.forward, "_trainwright_compiled", False):
-            compiled = torch.compile(module.forward, **config.kwargs())
-            compiled._trainwright_compiled = True  # type: ignore[attr-defined]
-            module.forward = compiled
+            module.forward = _compiled(module.forward, lambda fn: torch.compile(fn, **config.kwargs()))
     return targets
+
+
+def _compiled(forward: Callable[..., Any], compile_fn: Callable[[Callable[..., Any]], Any]) -> Callable[..., Any]:
+    """`forward` compiled. An activation-checkpointed forward is compiled whole: dynamo traces the checkpoint (a
+    higher-order op) and the block inside it, with side effects in the block (Hugging Face layers set a context
+    variable) allowed and not replayed by the recomputation; without that, dynamo would run such a block eagerly.
+    """
+    compiled = compile_fn(forward)
+    if checkpointed_function(forward) is None:
+        compiled._trainwright_compiled = True
+        return compiled  # type: ignore[no-any-return]
+    import torch._dynamo
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+            return compiled(*args, **kwargs)
+
+    run._trainwright_compiled = True  # type: ignore[attr-defined]
+    return run
 
 
 def recompile_with(model: nn.Module, dynamo_ctx: Any) -> None:
     """Apply the compile of a ``torch.compile(model)`` wrapper (its ``dynamo_ctx``) to `model`'s own forward."""
     if not getattr(model.forward, "_trainwright_compiled", False):
-        compiled = dynamo_ctx(model.forward)
-        compiled._trainwright_compiled = True
-        model.forward = compiled
+        model.forward = _compiled(model.forward, dynamo_ctx)
 
 
 def unwrap_compiled(model: Any) -> tuple[Any, Any]:

@@ -9,10 +9,14 @@ gathers them around ``fn``); code that writes another module's parameters direct
 ones, and its values are lost: initialize in each module's own constructor or ``reset_parameters`` instead.
 
 The values equal those of a plain construction with the same seed on process 0 (every process draws the same
-numbers, process 0's are kept). A Hugging Face model's ``post_init`` applies ``_init_weights`` through its own
-``smart_apply``, which zero.Init does not see, so `partitioned_init` runs it through transformers' ZeRO-3 variant
-(parameters gathered, process 0 initializes), as transformers' own ``from_config`` does under DeepSpeed. Import the
-model's classes before the block (as a script's imports do): zero.Init patches the classes that exist when it starts.
+numbers, process 0's are kept). For Hugging Face models `partitioned_init` also does what transformers does under
+Accelerate's ``HfDeepSpeedConfig``: ``from_pretrained`` loads the checkpoint into the partitions (process 0 reads
+it) and ``from_config`` initializes on gathered parameters. A model built by its constructor would get its
+``_init_weights`` through transformers' own ``smart_apply``, which zero.Init does not see (it would write into the
+empty partitioned tensors and leave the layers' defaults, e.g. N(0, 1) embeddings instead of N(0,
+``initializer_range``)), so it runs through transformers' ZeRO-3 variant (parameters gathered, process 0
+initializes). Import the model's classes before the block (as a script's imports do): zero.Init patches the classes
+that exist when it starts.
 """
 
 from __future__ import annotations
@@ -40,37 +44,56 @@ def partitioned_init(deepspeed: Any, config: dict[str, Any], precision_context: 
     """
     import torch._dynamo  # noqa: F401  # its first import checks torch.Tensor.__new__, which zero.Init replaces: import it before
 
-    with deepspeed.zero.Init(config_dict_or_path=config), precision_context, _hugging_face_init_gathered():
+    with deepspeed.zero.Init(config_dict_or_path=config), precision_context, _hugging_face_zero3(config):
         yield
 
 
-@contextlib.contextmanager
-def _hugging_face_init_gathered() -> Iterator[None]:
-    """Make ``PreTrainedModel.initialize_weights`` gather each module's partitioned parameters around ``_init_weights``.
+class _Zero3Config:
+    """What transformers asks of Accelerate's ``HfDeepSpeedConfig`` (``is_zero3()``, ``config``)."""
 
-    Without it, ``_init_weights`` writes into the empty partitioned tensors and the layers keep their constructors'
-    defaults (an ``nn.Embedding`` N(0, 1) instead of N(0, ``initializer_range``)). Only when transformers is imported
-    (a model class cannot be built without it) and has the ZeRO-3 variant (transformers 5).
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def is_zero3(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def _hugging_face_zero3(config: dict[str, Any]) -> Iterator[None]:
+    """Tell transformers ZeRO-3 is on (as ``HfDeepSpeedConfig`` does; one already set is kept), and make
+    ``PreTrainedModel.initialize_weights`` run ``_init_weights`` on gathered parameters.
+
+    Only when transformers is imported (a model class cannot be built without it) and has its ZeRO-3 initialization
+    (transformers 5).
     """
     if "transformers" not in sys.modules:
         yield
         return
     try:
-        from transformers.integrations.deepspeed import initialize_weights_zero3
+        from transformers.integrations import deepspeed as hf_deepspeed
         from transformers.modeling_utils import PreTrainedModel
     except ImportError:
+        yield
+        return
+    initialize_zero3 = getattr(hf_deepspeed, "initialize_weights_zero3", None)
+    if initialize_zero3 is None:
         yield
         return
     original = PreTrainedModel.initialize_weights
 
     def initialize_weights(self: Any) -> None:
         if any(hasattr(p, "ds_id") for p in self.parameters()):
-            initialize_weights_zero3(self)
+            initialize_zero3(self)
         else:
             original(self)
 
+    announced = _Zero3Config(config) if hf_deepspeed.deepspeed_config() is None else None
+    if announced is not None:
+        hf_deepspeed.set_hf_deepspeed_config(announced)  # a weak reference: `announced` lives until the block ends
     PreTrainedModel.initialize_weights = initialize_weights  # type: ignore[method-assign]
     try:
         yield
     finally:
         PreTrainedModel.initialize_weights = original  # type: ignore[method-assign]
+        if announced is not None:
+            hf_deepspeed.unset_hf_deepspeed_config()

@@ -74,8 +74,6 @@ def _reference(kind: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tens
 
 
 def _partitioned_run(kind: str, face: str, directory: str):
-    import deepspeed
-
     from strategies import DeepSpeedStrategy
     from trainer import Accelerator
     from trainer.utils import DeepSpeedPlugin
@@ -96,8 +94,8 @@ def _partitioned_run(kind: str, face: str, directory: str):
         "expected_local": sum(math.ceil(p.ds_numel / acc.num_processes) for p in params),
         "dtypes": sorted({str(p.dtype) for p in params}),
     }
-    with deepspeed.zero.GatheredParameters(params):
-        initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    initial = _gathered_state(model)
+    pretrained = _from_pretrained(acc, directory) if kind == "llama" else None
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # on the partitioned parameters, before prepare
     loader = DataLoader(_dataset(kind), batch_size=GLOBAL_BATCH // acc.num_processes)
     model, opt, loader = acc.prepare(model, opt, loader)
@@ -108,7 +106,24 @@ def _partitioned_run(kind: str, face: str, directory: str):
     state = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
     extra = {"loaded": _load_weights(acc, model, directory), "rss": _rss_growth(acc), "bf16": _bf16_build()} if kind == "mlp" else {}
     acc.end_training()
-    return {"built": built, "initial": initial, "state": state, **extra}
+    return {"built": built, "initial": initial, "state": state, "pretrained": pretrained, **extra}
+
+
+def _gathered_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _from_pretrained(acc: Any, directory: str) -> dict[str, Any]:
+    """transformers' ``from_pretrained`` in the block loads the checkpoint straight into the partitions."""
+    from transformers import LlamaForCausalLM
+
+    with acc.init_module():
+        model = LlamaForCausalLM.from_pretrained(directory)
+    params = list(model.parameters())
+    return {"partitioned": all(hasattr(p, "ds_id") and p.data.numel() == 0 for p in params), "state": _gathered_state(model)}
 
 
 def _load_weights(acc: Any, model: nn.Module, directory: str) -> float:
@@ -156,6 +171,8 @@ def _bf16_build() -> dict[str, object]:
 @pytest.mark.parametrize(("kind", "face"), [("mlp", "plugin"), ("llama", "strategy")])
 def test_zero3_init_partitions_at_construction_and_trains_like_one_process(kind: str, face: str, tmp_path: Path) -> None:
     ref_initial, reference = _reference(kind)
+    if kind == "llama":
+        _builder(kind)().save_pretrained(tmp_path)  # the same seeded weights, for from_pretrained
     out = run_distributed(_partitioned_run, kind, face, str(tmp_path))
     for rank in (0, 1):
         built = out[rank]["built"]
@@ -166,6 +183,8 @@ def test_zero3_init_partitions_at_construction_and_trains_like_one_process(kind:
         # (a Hugging Face model's _init_weights included)
         assert _max_diff(out[rank]["initial"], ref_initial) == 0.0
         assert _max_diff(out[rank]["state"], reference) <= 1e-4
+        if kind == "llama":
+            assert out[rank]["pretrained"]["partitioned"] and _max_diff(out[rank]["pretrained"]["state"], ref_initial) == 0.0
     if kind == "mlp":
         assert out[0]["bf16"] == {"dtypes": ["torch.bfloat16"], "stepped": True, "weights": "torch.float32"}
         assert out[0]["loaded"] == out[1]["loaded"] == 0.0
