@@ -4,6 +4,7 @@ against single-process training of the eagerly built model with the same seed.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,46 @@ def test_full_safetensors_weights_load_into_a_sharded_model_slice_by_slice(tmp_p
     state = run_distributed(sliced_load_run, str(tmp_path))[0]["state"]
     for name, value in source.state_dict().items():
         assert torch.equal(state[name], value), name
+
+
+def resume_run(tmp: str, steps: int, ckpt: bool) -> dict[str, Any]:
+    """The Trainer face, the model built in configure_model (meta, sharded): fit to `steps`, optionally resuming from "last"."""
+    from torch.utils.data import DataLoader
+
+    from callbacks.checkpoint import ModelCheckpoint
+    from strategies import FSDPStrategy
+    from trainer import Trainer, TrainModule
+
+    class LM(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model: nn.Module | None = None
+
+        def configure_model(self) -> None:
+            if self.model is None:
+                torch.manual_seed(0)
+                self.model = llama()
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    module = LM()
+    data = torch.randint(0, VOCAB, (16, SEQ), generator=torch.Generator().manual_seed(4))
+    loader = DataLoader(list(data), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+    trainer = Trainer(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()]), max_steps=steps, project_dir=tmp,
+                      callbacks=[ModelCheckpoint(dirpath=os.path.join(tmp, "ckpt"), save_last=True, every_n_train_steps=1)],
+                      enable_progress_bar=False, enable_model_summary=False, log_with=None, seed=1)
+    trainer.fit(module, loader, ckpt_path="last" if ckpt else None)
+    return {"state": trainer.strategy.module_state_dict(module), "step": trainer.global_step}
+
+
+def test_resume_of_a_model_built_empty_under_fsdp_is_exact(tmp_path: Path) -> None:
+    whole = run_distributed(resume_run, str(tmp_path / "whole"), 5, False)[0]
+    run_distributed(resume_run, str(tmp_path / "parts"), 2, False)
+    resumed = run_distributed(resume_run, str(tmp_path / "parts"), 5, True)[0]
+    assert resumed["step"] == whole["step"] == 5
+    for name, value in whole["state"].items():
+        assert torch.equal(resumed["state"][name], value), name
