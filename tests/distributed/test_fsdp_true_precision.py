@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.distributed.test_fsdp import Block
 from tests.helpers.multiprocess import run_distributed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -21,15 +22,6 @@ STEPS, GLOBAL_BATCH = 8, 16
 # here. 4 ulps is room for that and far below what a real difference does: without the gradient reduction (each
 # process fitting its own half) the losses part by 38% within these steps.
 LOSS_RTOL = 4 * 2**-7
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.lin(x))
 
 
 def _data() -> TensorDataset:

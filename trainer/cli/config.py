@@ -127,26 +127,12 @@ class LaunchSettings:
             raise ValueError(f"cpu={self.cpu!r} must be true or false")
         if not isinstance(self.strategy, str) or not self.strategy:
             raise ValueError(f"strategy={self.strategy!r} must be a strategy name such as 'auto', 'ddp' or 'single'")
-        if self.deepspeed_plugin is not None:
-            from trainer.accelerator.config import DeepSpeedPlugin
+        from trainer.accelerator.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
-            if not isinstance(self.deepspeed_plugin, dict):
-                raise ValueError(f"deepspeed_plugin={self.deepspeed_plugin!r} must be a mapping of DeepSpeedPlugin arguments, e.g. {{zero_stage: 3}}")
-            known = [f.name for f in fields(DeepSpeedPlugin)]
-            unknown = sorted(set(self.deepspeed_plugin) - set(known))
-            if unknown:
-                raise ValueError(f"deepspeed_plugin has unknown key(s) {unknown}; known: {known}")
-            DeepSpeedPlugin(**self.deepspeed_plugin)  # its own checks
-        if self.fsdp_plugin is not None:
-            from trainer.accelerator.config import FullyShardedDataParallelPlugin
-
-            if not isinstance(self.fsdp_plugin, dict):
-                raise ValueError(f"fsdp_plugin={self.fsdp_plugin!r} must be a mapping of FullyShardedDataParallelPlugin arguments")
-            known = [f.name for f in fields(FullyShardedDataParallelPlugin)]
-            unknown = sorted(set(self.fsdp_plugin) - set(known))
-            if unknown:
-                raise ValueError(f"fsdp_plugin has unknown key(s) {unknown}; known: {known}")
-            FullyShardedDataParallelPlugin(**self.fsdp_plugin).strategy_kwargs()  # its own checks
+        _check_plugin("deepspeed_plugin", self.deepspeed_plugin, DeepSpeedPlugin, "e.g. {zero_stage: 3}")
+        plugin = _check_plugin("fsdp_plugin", self.fsdp_plugin, FullyShardedDataParallelPlugin, "e.g. {fsdp_version: 2}")
+        if plugin is not None:
+            plugin.strategy_kwargs()  # its own checks of the values
         if self.process_group_timeout is not None:
             if isinstance(self.process_group_timeout, bool) or not isinstance(self.process_group_timeout, (int, float)):
                 raise ValueError(
@@ -399,3 +385,16 @@ def config_command(args: argparse.Namespace) -> int:
     save_config_file(settings, path)
     print(f"Configuration saved at {path}")
     return 0
+
+
+def _check_plugin(name: str, value: Any, plugin: type, example: str) -> Any:
+    """A plugin section of a launch config (a mapping of the plugin's fields) built once, so its own checks run now."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}={value!r} must be a mapping of {plugin.__name__} arguments, {example}")
+    known = [f.name for f in fields(plugin)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"{name} has unknown key(s) {unknown}; known: {known}")
+    return plugin(**value)
