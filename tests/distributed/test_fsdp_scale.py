@@ -122,15 +122,19 @@ def trainer_run(tmp: str) -> dict[str, Any]:
             self.log("loss", loss, sync_dist=True)
             return loss
 
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+            self.log("val_loss", self.model(input_ids=batch, labels=batch).loss, sync_dist=True)
+
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
     module = LM()
+    val = DataLoader(list(tokens()[0]), batch_size=1)  # sharded evaluation: the sanity check runs 2 batches per process
     loader = DataLoader(list(tokens().reshape(-1, SEQ)), batch_size=GLOBAL_BATCH // 2, shuffle=False)  # per process
     strategy = FSDPStrategy(cpu=True, wrap_classes=[block_class()], activation_checkpointing_policy={block_class()})
     trainer = Trainer(strategy=strategy, max_steps=STEPS, project_dir=tmp, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, log_with=None, num_sanity_val_steps=0)
-    trainer.fit(module, loader)
+                      enable_model_summary=False, log_with=None)
+    trainer.fit(module, loader, val)
     state = trainer.strategy.module_state_dict(module)
     return {"state": {k.removeprefix("model."): v for k, v in state.items()}, "empty": module.built_empty, "configured": module.configured}
 

@@ -225,7 +225,8 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     if through and trainer.world_size > 1:
         # Each sample is evaluated once, so processes may run different numbers of batches; a forward that
         # all-gathers would then wait forever for the process that has finished. Gather the parameters once instead.
-        counts = strategy.all_gather_object([min(limit, num_batches(loader)) for loader, limit in zip(loaders, limits)])
+        # a tuple per process (gather_object concatenates lists)
+        counts = strategy.all_gather_object(tuple(min(limit, num_batches(loader)) for loader, limit in zip(loaders, limits)))
         if any(c != counts[0] for c in counts) or any(math.isinf(n) for c in counts for n in c):  # a stream's count is unknown
             gathered, through = strategy.gathered_parameters(wrapped), False
     several = len(loaders) > 1
