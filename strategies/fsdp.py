@@ -27,7 +27,7 @@ from strategies import checkpoint_io
 from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
-from strategies.materialize import has_meta_tensors, materialize, scatter_from_rank0
+from strategies.materialize import full_state, has_meta_tensors, materialize, scatter_from_rank0
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
 
@@ -227,7 +227,9 @@ class FSDPStrategy(Strategy):
             materialize_if_empty(self, module)
             return module.to(self.device) if move else module
         empty = has_meta_tensors(module)
-        from_rank0 = self._rank0_source(module, empty)
+        from_rank0, source = self._rank0_source(module, empty)
+        if from_rank0 and not empty:  # process 0's real weights stay on its CPU (in `source`) until sliced out
+            module, empty = module.to("meta"), True
         target = torch.device("cpu") if self.cpu_offload else self.device
         if move and not empty:
             module = module.to(target)
@@ -245,26 +247,25 @@ class FSDPStrategy(Strategy):
             mp_policy=self.precision.mp_policy(),
             cpu_offload=self.cpu_offload,
         )
-        if from_rank0 is not False and from_rank0 is not True:  # process 0's weights, sliced out to the others' (empty) shards
-            if empty:
-                module.to_empty(device=target)
-            scatter_from_rank0(module, from_rank0, rank=self.rank, group=self.mesh.get_group())
+        if from_rank0:  # every process allocates its shards; process 0 sends each its slices
+            module.to_empty(device=target)
+            scatter_from_rank0(module, source, rank=self.rank, group=self.mesh.get_group())
         elif empty:  # built empty everywhere: each process initializes its own shards
             materialize(module, target, broadcast_object=self.broadcast_object if self.is_distributed else None, rng_state=self.init_rng_state)
         self.remember_replaced(before, module)
         return module
 
-    def _rank0_source(self, module: nn.Module, empty: bool) -> dict[str, torch.Tensor] | bool | None:
-        """Whether process 0's weights fill every process's shards: False, or process 0's full state (None elsewhere).
+    def _rank0_source(self, module: nn.Module, empty: bool) -> tuple[bool, dict[str, torch.Tensor] | None]:
+        """Whether process 0's weights fill every process's shards, and (on process 0) its full state.
 
         So when process 0 built the model with real weights and the others on the meta device (Accelerate's
         ``cpu_ram_efficient_loading``), or when ``cpu_ram_efficient_loading=True`` asks for process 0's weights anyway.
         """
         if not self.is_distributed:
-            return False
+            return False, None
         built_empty = self.all_gather_object(empty)
         if all(built_empty) or (not any(built_empty) and not self.cpu_ram_efficient_loading):
-            return False
+            return False, None
         if built_empty[0]:
             real = [rank for rank, e in enumerate(built_empty) if not e]
             raise ValueError(
@@ -272,7 +273,7 @@ class FSDPStrategy(Strategy):
                 "cpu_ram_efficient_loading, process 0 loads the real weights and the others build empty "
                 "(`with trainer.init_empty_weights(): model = ...` when not accelerator.is_main_process)"
             )
-        return dict(module.state_dict()) if self.rank == 0 else None
+        return True, (full_state(module) if self.rank == 0 else None)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return repoint_optimizer(self, optimizer, "FSDP cannot move its state onto the shards")

@@ -254,7 +254,7 @@ def scatter_from_rank0(module: nn.Module, source: dict[str, torch.Tensor] | None
     import torch.distributed as dist
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    targets = module.state_dict()
+    targets = full_state(module)
     layouts = [(name, *_layout(t, compute_local_shape_and_global_offset)) for name, t in targets.items()]
     world = dist.get_world_size(group)
     all_layouts = [None] * world
@@ -285,6 +285,11 @@ def scatter_from_rank0(module: nn.Module, source: dict[str, torch.Tensor] | None
                     parts.append(padded)
             dist.scatter(receive, parts, group=group, group_src=0)
             local.copy_(receive[: local.numel()].view(local.shape))
+
+
+def full_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module`'s state dict plus its non-persistent buffers (e.g. rotary tables), which a meta copy would lose too."""
+    return {**dict(module.named_buffers()), **module.state_dict()}
 
 
 def _layout(tensor: torch.Tensor, compute: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:

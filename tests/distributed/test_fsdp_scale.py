@@ -186,14 +186,16 @@ class Wide(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([Recorded(256, 256) for _ in range(4)])
         self.register_buffer("scale", torch.full((256,), 0.5))
+        self.register_buffer("shift", torch.full((256,), 0.125), persistent=False)  # in no state dict, still needed
 
     def reset_parameters(self) -> None:  # its own buffer (the layers reset theirs): what materializing a meta build runs
         with torch.no_grad():
             self.scale.fill_(0.5)
+            self.shift.fill_(0.125)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = torch.tanh(layer(x)) * self.scale
+            x = torch.tanh(layer(x)) * self.scale + self.shift
         return x
 
 
@@ -207,7 +209,8 @@ def rank0_loading_run() -> dict[str, Any]:
         torch.manual_seed(5)
         model = Wide()  # process 0: the real (pretrained) weights
         with torch.no_grad():
-            model.scale.fill_(0.25)  # a buffer changed after construction: it must reach the others too
+            model.scale.fill_(0.25)  # buffers changed after construction: they must reach the others too
+            model.shift.fill_(-1.0)
     else:
         with init_empty_weights(include_buffers=True):
             model = Wide()
@@ -224,6 +227,7 @@ def test_cpu_ram_efficient_loading_gives_each_process_only_its_slices_of_process
     expected = Wide()
     with torch.no_grad():
         expected.scale.fill_(0.25)
+        expected.shift.fill_(-1.0)
     ranks = run_distributed(rank0_loading_run)
     zero, one = ranks
     assert zero["resets_before"] == 4 and one["resets"] == 0  # process 1 never initialized a full layer
