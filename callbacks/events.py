@@ -3,6 +3,7 @@
 The loop, in pseudocode (``fit`` with validation)::
 
     setup(stage="fit")
+    module.configure_model()                       # module only, in the strategy's init context (meta under FSDP2)
     module.configure_optimizers()
     on_fit_start
     if num_sanity_val_steps:                       # sanity check: a few validation batches
