@@ -15,6 +15,7 @@ paths are unreliable, and FSDP2 replaces it upstream.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, cast
@@ -59,10 +60,13 @@ def apply_fsdp(
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    root_kwargs = dict(kwargs)
     if mp_policy is not None:
-        kwargs["mp_policy"] = mp_policy
+        # the units inside hand their outputs on in the compute dtype; only the root casts the model's output
+        kwargs["mp_policy"] = dataclasses.replace(mp_policy, output_dtype=None)
+        root_kwargs["mp_policy"] = mp_policy
     if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        kwargs["offload_policy"] = root_kwargs["offload_policy"] = CPUOffloadPolicy()
     wrap_classes = _resolve_no_split(model, tuple(wrap_classes))
     classes = tuple(c for c in wrap_classes if isinstance(c, type))
     names = {c for c in wrap_classes if isinstance(c, str)}
@@ -75,7 +79,7 @@ def apply_fsdp(
         if by_class or by_size:
             fully_shard(sub, **kwargs)
             sharded.update(id(m) for m in sub.modules())
-    fully_shard(model, **kwargs)
+    fully_shard(model, **root_kwargs)
     return model
 
 

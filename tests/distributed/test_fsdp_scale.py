@@ -304,3 +304,31 @@ def test_resume_of_a_model_built_empty_under_fsdp_is_exact(tmp_path: Path) -> No
     assert resumed["step"] == whole["step"] == 5
     for name, value in whole["state"].items():
         assert torch.equal(resumed["state"][name], value), name
+
+
+def bf16_units_run() -> list[float]:
+    from strategies import FSDPStrategy
+    from tests.distributed.test_fsdp import Block, _data, _net
+    from trainer import Accelerator
+
+    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[Block], precision="bf16"))
+    model = _net()  # a root layer before and after the blocks: each sees what the units around it return
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt = accelerator.prepare(model, opt)
+    x, y = _data()
+    losses = []
+    for i in range(0, 32, 16):
+        part = slice(i + 8 * accelerator.process_index, i + 8 * accelerator.process_index + 8)
+        out = model(x[part])
+        assert out.dtype == torch.float32  # the model's output: float32, as the policy says
+        loss = nn.functional.mse_loss(out, y[part])
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_bf16_policy_with_block_units_runs_the_root_layers_after_them() -> None:
+    losses = run_distributed(bf16_units_run)[0]
+    assert all(torch.isfinite(torch.tensor(losses)))
