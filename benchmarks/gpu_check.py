@@ -1,4 +1,4 @@
-"""Check issue 28's paths on CUDA with NCCL: meta init, bf16-true, FSDP2 mixed precision, activation checkpointing,
+"""Check the large-model paths on CUDA with NCCL: meta init, bf16-true, FSDP2 mixed precision, activation checkpointing,
 regional compile, and tokens/s of our FSDP2 + AC + compile step against the raw torchtitan-style loop.
 
     torchrun --nproc_per_node 8 benchmarks/gpu_check.py     # N GPUs
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         release()
     if dist.get_rank() == 0:
         device = "CPU (smoke run)" if setting.cpu else f"{torch.cuda.get_device_name()} × {dist.get_world_size()}"
-        print(f"\nissue 28 GPU check — {device}, torch {torch.__version__}, world size {dist.get_world_size()}\n")
+        print(f"\nlarge-model GPU check — {device}, torch {torch.__version__}, world size {dist.get_world_size()}\n")
         print("| check | result | expected | ok |\n|---|---|---|---|")
         for r in results:
             print(f"| {r.check} | {r.value} | {r.expected} | {'yes' if r.ok else '**FAILED**'} |")
