@@ -262,3 +262,17 @@ def test_trainer_compile_option_compiles_the_blocks_after_setup(tmp_path: Any) -
         _trainer(tmp_path, compile="yes")
     with pytest.raises(ValueError, match="pick one"):
         _trainer(tmp_path, compile=True).fit(torch.compile(Blocks()), _loader())
+
+
+def test_accelerate_config_dynamo_section_reaches_the_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from trainer.cli.accelerate_config import settings_from_accelerate
+
+    settings = settings_from_accelerate({"distributed_type": "NO", "dynamo_config": {
+        "dynamo_backend": "AOT_EAGER", "dynamo_mode": "default", "dynamo_use_fullgraph": False, "dynamo_use_regional_compilation": True}})
+    monkeypatch.setenv("TRAINWRIGHT_DYNAMO_PLUGIN", json.dumps(settings.dynamo_plugin))  # what `trainer launch` sets
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.dynamo_plugin.backend == "aot_eager" and accelerator.dynamo_plugin.use_regional_compilation
+    with pytest.raises(ValueError, match="dynamo_bogus"):
+        settings_from_accelerate({"distributed_type": "NO", "dynamo_config": {"dynamo_bogus": 1}})

@@ -144,6 +144,8 @@ class Accelerator(ProcessLayout):
                                     **fsdp_plugin.strategy_kwargs())
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both (the plugin carries a backend)")
+        if dynamo_plugin is None and dynamo_backend is None and env_setting("DYNAMO_PLUGIN"):
+            dynamo_plugin = TorchDynamoPlugin(**json.loads(str(env_setting("DYNAMO_PLUGIN"))))  # `trainer launch`'s config
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
         self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
         self.strategy.setup_environment()

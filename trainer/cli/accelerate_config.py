@@ -45,7 +45,6 @@ _IGNORED = frozenset(
         "command_file",
         "ipex_config",
         "mpirun_config",
-        "dynamo_config",
         "fsdp_config",
         "megatron_lm_config",
         "fp8_config",
@@ -54,7 +53,7 @@ _IGNORED = frozenset(
         "use_mps_device",
     }
 )
-_ACCELERATE_ONLY = frozenset({"distributed_type", "use_cpu", "downcast_bf16", "deepspeed_config"}) | _IGNORED
+_ACCELERATE_ONLY = frozenset({"distributed_type", "use_cpu", "downcast_bf16", "deepspeed_config", "dynamo_config"}) | _IGNORED
 
 
 def is_accelerate_config(data: Mapping[str, Any]) -> bool:
@@ -103,6 +102,8 @@ def settings_from_accelerate(data: Mapping[str, Any], *, source: str = "<config>
         warnings.warn(f"downcast_bf16 in {source!r} is a TPU setting and has no effect here", stacklevel=2)
     if kind == "FSDP" and data.get("fsdp_config"):
         values["fsdp_plugin"] = _fsdp_section(data["fsdp_config"], source)
+    if data.get("dynamo_config"):
+        values["dynamo_plugin"] = _dynamo_section(data["dynamo_config"], source)
     if kind == "DEEPSPEED" and data.get("deepspeed_config"):
         values["deepspeed_plugin"] = _deepspeed_section(data["deepspeed_config"], source)
     return LaunchSettings(**values)
@@ -131,6 +132,25 @@ def _fsdp_section(section: Mapping[str, Any], source: str) -> dict[str, Any]:
         FullyShardedDataParallelPlugin(**plugin).strategy_kwargs()
     except (TypeError, ValueError) as err:
         raise ValueError(f"fsdp_config in {source!r}: {err}") from None
+    return plugin
+
+
+_DYNAMO_KEYS = {"dynamo_backend": "backend", "dynamo_mode": "mode", "dynamo_use_fullgraph": "fullgraph", "dynamo_use_dynamic": "dynamic",
+                "dynamo_use_regional_compilation": "use_regional_compilation"}
+
+
+def _dynamo_section(section: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Accelerate's ``dynamo_config`` section as `TorchDynamoPlugin` arguments (each checked by the plugin)."""
+    from trainer.accelerator.config import TorchDynamoPlugin
+
+    unknown = sorted(set(section) - set(_DYNAMO_KEYS))
+    if unknown:
+        raise ValueError(f"dynamo_config key(s) {unknown} in {source!r} are not known; known: {sorted(_DYNAMO_KEYS)}")
+    plugin = {_DYNAMO_KEYS[key]: value for key, value in section.items()}
+    try:
+        TorchDynamoPlugin(**plugin)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"dynamo_config in {source!r}: {err}") from None
     return plugin
 
 

@@ -69,6 +69,10 @@ class LaunchSettings:
         deepspeed_plugin: `DeepSpeedPlugin` arguments for ``strategy: deepspeed`` (``zero_stage``,
             ``offload_optimizer_device``, ``gradient_clipping``, ``hf_ds_config`` (a DeepSpeed JSON file), ...);
             config files only.
+        fsdp_plugin: `FullyShardedDataParallelPlugin` arguments for ``strategy: fsdp`` (an Accelerate config's
+            ``fsdp_config``); config files only.
+        dynamo_plugin: `TorchDynamoPlugin` arguments (an Accelerate config's ``dynamo_config``): the Accelerator
+            compiles prepared models so; config files only.
     """
 
     num_processes: int | None = None
@@ -87,6 +91,7 @@ class LaunchSettings:
     gpu_ids: str | None = None
     deepspeed_plugin: dict[str, Any] | None = None
     fsdp_plugin: dict[str, Any] | None = None
+    dynamo_plugin: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -127,12 +132,13 @@ class LaunchSettings:
             raise ValueError(f"cpu={self.cpu!r} must be true or false")
         if not isinstance(self.strategy, str) or not self.strategy:
             raise ValueError(f"strategy={self.strategy!r} must be a strategy name such as 'auto', 'ddp' or 'single'")
-        from trainer.accelerator.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+        from trainer.accelerator.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin, TorchDynamoPlugin
 
         _check_plugin("deepspeed_plugin", self.deepspeed_plugin, DeepSpeedPlugin, "e.g. {zero_stage: 3}")
         plugin = _check_plugin("fsdp_plugin", self.fsdp_plugin, FullyShardedDataParallelPlugin, "e.g. {fsdp_version: 2}")
         if plugin is not None:
             plugin.strategy_kwargs()  # its own checks of the values
+        _check_plugin("dynamo_plugin", self.dynamo_plugin, TorchDynamoPlugin, "e.g. {backend: inductor}")
         if self.process_group_timeout is not None:
             if isinstance(self.process_group_timeout, bool) or not isinstance(self.process_group_timeout, (int, float)):
                 raise ValueError(

@@ -39,6 +39,8 @@ def worker_environment(settings: LaunchSettings) -> dict[str, str]:
         env["TRAINWRIGHT_DEEPSPEED_PLUGIN"] = json.dumps(settings.deepspeed_plugin)  # read by the Accelerator
     if settings.fsdp_plugin:
         env["TRAINWRIGHT_FSDP_PLUGIN"] = json.dumps(settings.fsdp_plugin)  # read by the Accelerator
+    if settings.dynamo_plugin:
+        env["TRAINWRIGHT_DYNAMO_PLUGIN"] = json.dumps(settings.dynamo_plugin)  # read by the Accelerator
     if settings.gpu_ids not in (None, "", "all") and not settings.cpu:
         env["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_ids)
     return env
