@@ -103,26 +103,34 @@ def _allocate(module: nn.Module, device: torch.device) -> dict[int, list[str]]:
     ``init_empty_weights(include_buffers=False)``) keep their values.
     """
     empty: dict[int, list[str]] = {}
+    allocated: dict[int, torch.Tensor] = {}  # id(meta tensor) -> its allocation: a tensor shared (tied) stays shared
+    replaced: list[torch.Tensor] = []  # the meta tensors, kept alive so that their ids stay theirs
     for name, sub in module.named_modules(remove_duplicate=False):
         own = {n: t for n, t in [*sub._parameters.items(), *sub._buffers.items()] if t is not None}
         meta = [n for n, t in own.items() if _is_meta(t)]
-        if not meta:
+        for n in [n for n in meta if id(own[n]) in allocated]:  # tied to a tensor an earlier submodule allocated
+            (sub._parameters if n in sub._parameters else sub._buffers)[n] = allocated[id(own[n])]
+        fresh = [n for n in meta if id(own[n]) not in allocated]
+        if not fresh:
             continue
-        if len(meta) == len(own):
+        if len(fresh) == len(own):
             sub.to_empty(device=device, recurse=False)
         elif any(hasattr(t, "placements") for t in own.values()):
             raise ValueError(
-                f"submodule {name or type(sub).__name__!r} has some sharded tensors on the meta device and some real ones; build "
-                "each layer entirely inside or entirely outside the empty-init context"
+                f"submodule {name or type(sub).__name__!r} has some sharded tensors on the meta device and some real (or tied) "
+                "ones; build each layer entirely inside or entirely outside the empty-init context"
             )
         else:
-            for n in meta:
+            for n in fresh:
                 t = own[n]
                 if n in sub._parameters:
                     sub._parameters[n] = nn.Parameter(torch.empty_like(t, device=device), requires_grad=t.requires_grad)
                 else:
                     sub._buffers[n] = torch.empty_like(t, device=device)
-        empty[id(sub)] = meta
+        for n in fresh:
+            allocated[id(own[n])] = getattr(sub, n)
+            replaced.append(own[n])
+        empty[id(sub)] = fresh
     return empty
 
 

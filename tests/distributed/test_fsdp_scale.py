@@ -20,9 +20,9 @@ transformers = pytest.importorskip("transformers")
 STEPS, VOCAB, SEQ, GLOBAL_BATCH = 3, 128, 12, 4
 
 
-def llama() -> nn.Module:
+def llama(tied: bool = False) -> nn.Module:
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2)
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
     return transformers.LlamaForCausalLM(config)
 
 
@@ -332,3 +332,24 @@ def bf16_units_run() -> list[float]:
 def test_bf16_policy_with_block_units_runs_the_root_layers_after_them() -> None:
     losses = run_distributed(bf16_units_run)[0]
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def tied_run() -> dict[str, Any]:
+    from strategies import FSDPStrategy
+    from trainer import Accelerator
+
+    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()]))
+    torch.manual_seed(0)
+    with accelerator.init_module():
+        model = llama(tied=True)
+    model = accelerator.prepare(model)
+    return {"tied": model.lm_head.weight is model.model.embed_tokens.weight, "state": accelerator.get_state_dict(model)}
+
+
+def test_tied_embeddings_stay_tied_and_equal_the_eager_build_under_fsdp() -> None:
+    torch.manual_seed(0)
+    expected = llama(tied=True).state_dict()
+    ranks = run_distributed(tied_run)
+    assert all(r["tied"] for r in ranks)
+    for name, value in expected.items():
+        assert torch.equal(ranks[0]["state"][name], value), name

@@ -46,6 +46,21 @@ def test_materialize_equals_a_seeded_hugging_face_model() -> None:
         assert torch.equal(ours[name], value), name
 
 
+def test_materialize_keeps_tied_weights_tied() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(2)
+    eager = transformers.LlamaForCausalLM(config)
+    torch.manual_seed(2)
+    with torch.device("meta"):
+        empty = transformers.LlamaForCausalLM(config)
+    materialize(empty, torch.device("cpu"))
+    assert empty.lm_head.weight is empty.model.embed_tokens.weight
+    for (name, a), b in zip(eager.state_dict().items(), empty.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_materialize_names_tensors_nothing_initializes() -> None:
     class NoReset(nn.Module):
         def __init__(self) -> None:
