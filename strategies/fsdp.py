@@ -28,7 +28,7 @@ from strategies import checkpoint_io
 from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
-from strategies.materialize import full_state, has_meta_tensors, materialize, scatter_from_rank0
+from strategies.materialize import allocate_empty, full_state, has_meta_tensors, materialize, scatter_from_rank0, to_meta
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
 
@@ -233,7 +233,7 @@ class FSDPStrategy(Strategy):
         empty = has_meta_tensors(module)
         from_rank0, source = self._rank0_source(module, empty)
         if from_rank0 and not empty:  # process 0's real weights stay on its CPU (in `source`) until sliced out
-            module, empty = module.to("meta"), True
+            module, empty = to_meta(module), True
         target = torch.device("cpu") if self.cpu_offload else self.device
         if move and not empty:
             module = module.to(target)
@@ -252,7 +252,7 @@ class FSDPStrategy(Strategy):
             cpu_offload=self.cpu_offload,
         )
         if from_rank0:  # every process allocates its shards; process 0 sends each its slices
-            module.to_empty(device=target)
+            allocate_empty(module, target)
             scatter_from_rank0(module, source, rank=self.rank, group=self.mesh.get_group())
         elif empty:  # built empty everywhere: each process initializes its own shards
             materialize(module, target, broadcast_object=self.broadcast_object if self.is_distributed else None, rng_state=self.init_rng_state)

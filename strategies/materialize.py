@@ -96,6 +96,26 @@ def _initialize(module: nn.Module, device: torch.device) -> None:
         )
 
 
+def allocate_empty(module: nn.Module, device: torch.device) -> None:
+    """Allocate `module`'s meta tensors on `device`, uninitialized (to be filled by the caller), tied ones staying tied."""
+    _allocate(module, device)
+
+
+def to_meta(module: nn.Module) -> nn.Module:
+    """Move `module`'s parameters and buffers to the meta device in place, tied ones staying tied (``module.to("meta")`` unties them)."""
+    moved: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, t in list(table.items()):
+                if t is None or t.is_meta:
+                    continue
+                if id(t) not in moved:
+                    meta = torch.empty_like(t, device="meta")
+                    moved[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+                table[name] = moved[id(t)]  # type: ignore[assignment]
+    return module
+
+
 def _allocate(module: nn.Module, device: torch.device) -> dict[int, list[str]]:
     """Allocate (uninitialized) every tensor on the meta device; returns ``{id(submodule): names of its tensors allocated}``.
 

@@ -334,22 +334,26 @@ def test_bf16_policy_with_block_units_runs_the_root_layers_after_them() -> None:
     assert all(torch.isfinite(torch.tensor(losses)))
 
 
-def tied_run() -> dict[str, Any]:
+def tied_run(from_rank0: bool) -> dict[str, Any]:
     from strategies import FSDPStrategy
-    from trainer import Accelerator
+    from trainer import Accelerator, init_empty_weights
 
-    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()]))
+    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()], cpu_ram_efficient_loading=from_rank0))
     torch.manual_seed(0)
-    with accelerator.init_module():
-        model = llama(tied=True)
+    if from_rank0 and accelerator.is_main_process:
+        model = llama(tied=True)  # process 0: real weights, sliced out to the others
+    else:
+        with init_empty_weights(include_buffers=True) if from_rank0 else accelerator.init_module():
+            model = llama(tied=True)
     model = accelerator.prepare(model)
     return {"tied": model.lm_head.weight is model.model.embed_tokens.weight, "state": accelerator.get_state_dict(model)}
 
 
-def test_tied_embeddings_stay_tied_and_equal_the_eager_build_under_fsdp() -> None:
+@pytest.mark.parametrize("from_rank0", [False, True], ids=["meta-init", "cpu-ram-efficient-loading"])
+def test_tied_embeddings_stay_tied_and_equal_the_eager_build_under_fsdp(from_rank0: bool) -> None:
     torch.manual_seed(0)
     expected = llama(tied=True).state_dict()
-    ranks = run_distributed(tied_run)
+    ranks = run_distributed(tied_run, from_rank0)
     assert all(r["tied"] for r in ranks)
     for name, value in expected.items():
         assert torch.equal(ranks[0]["state"][name], value), name
