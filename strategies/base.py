@@ -330,14 +330,15 @@ def _init_context(strategy: Strategy, device: torch.device) -> Iterator[None]:
     strategy.init_rng_state = torch.get_rng_state()
 
 
-def materialize_if_empty(strategy: Strategy, module: nn.Module) -> None:
-    """Allocate and initialize `module`'s meta tensors on the strategy's device (every process the same values)."""
+def materialize_if_empty(strategy: Strategy, module: nn.Module, device: torch.device | None = None) -> None:
+    """Allocate and initialize `module`'s meta tensors on `device` (the strategy's by default): every process draws
+    from process 0's generator state at the end of `module_init_context`."""
     from strategies.materialize import has_meta_tensors, materialize
 
     if has_meta_tensors(module):
         before = list(module.named_parameters(remove_duplicate=False))
-        materialize(module, strategy.device, broadcast_object=strategy.broadcast_object if strategy.is_distributed else None,
-                    rng_state=strategy.init_rng_state)
+        materialize(module, strategy.device if device is None else device,
+                    broadcast_object=strategy.broadcast_object if strategy.is_distributed else None, rng_state=strategy.init_rng_state)
         strategy.remember_replaced(before, module)
 
 

@@ -28,7 +28,7 @@ from strategies import checkpoint_io
 from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
-from strategies.materialize import allocate_empty, full_state, has_meta_tensors, materialize, scatter_from_rank0, to_meta
+from strategies.materialize import allocate_empty, full_state, has_meta_tensors, scatter_from_rank0, to_meta
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
 
@@ -255,7 +255,7 @@ class FSDPStrategy(Strategy):
             allocate_empty(module, target)
             scatter_from_rank0(module, source, rank=self.rank, group=self.mesh.get_group())
         elif empty:  # built empty everywhere: each process initializes its own shards
-            materialize(module, target, broadcast_object=self.broadcast_object if self.is_distributed else None, rng_state=self.init_rng_state)
+            materialize_if_empty(self, module, target)
         self.remember_replaced(before, module)
         return module
 

@@ -18,47 +18,48 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 4), nn.Embedding(5, 3))
 
 
-def test_materialize_equals_the_eager_constructor_and_leaves_the_generator_where_it_would() -> None:
-    torch.manual_seed(0)
-    eager = mlp()
+def built_both_ways(build: Any, seed: int) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    """`build()` eagerly and on the meta device then materialized, each after ``manual_seed(seed)``; also the draw that
+    followed the eager build."""
+    torch.manual_seed(seed)
+    eager = build()
     after_eager = torch.rand(3)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device("meta"):
-        empty = mlp()
+        empty = build()
     materialize(empty, torch.device("cpu"))
-    assert torch.equal(torch.rand(3), after_eager)
-    for (name, a), b in zip(eager.state_dict().items(), empty.state_dict().values()):
+    return eager, empty, after_eager
+
+
+def assert_same_state(expected: nn.Module, ours: nn.Module) -> None:
+    for (name, a), b in zip(expected.state_dict().items(), ours.state_dict().values()):
         assert torch.equal(a, b), name
 
 
-def test_materialize_equals_a_seeded_hugging_face_model() -> None:
+def tiny_llama(**kwargs: Any) -> nn.Module:
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2)
-    torch.manual_seed(1)
-    eager = transformers.LlamaForCausalLM(config)
-    torch.manual_seed(1)
-    with torch.device("meta"):
-        empty = transformers.LlamaForCausalLM(config)
-    materialize(empty, torch.device("cpu"))
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      **kwargs)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_materialize_equals_the_eager_constructor_and_leaves_the_generator_where_it_would() -> None:
+    eager, empty, after_eager = built_both_ways(mlp, 0)
+    assert torch.equal(torch.rand(3), after_eager)
+    assert_same_state(eager, empty)
+
+
+def test_materialize_equals_a_seeded_hugging_face_model() -> None:
+    eager, empty, _ = built_both_ways(lambda: tiny_llama(num_hidden_layers=2), 1)
     ours = dict(empty.named_buffers()) | empty.state_dict()
     for name, value in (dict(eager.named_buffers()) | eager.state_dict()).items():  # the rotary buffers too
         assert torch.equal(ours[name], value), name
 
 
 def test_materialize_keeps_tied_weights_tied() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                      num_key_value_heads=2, tie_word_embeddings=True)
-    torch.manual_seed(2)
-    eager = transformers.LlamaForCausalLM(config)
-    torch.manual_seed(2)
-    with torch.device("meta"):
-        empty = transformers.LlamaForCausalLM(config)
-    materialize(empty, torch.device("cpu"))
+    eager, empty, _ = built_both_ways(lambda: tiny_llama(num_hidden_layers=1, tie_word_embeddings=True), 2)
     assert empty.lm_head.weight is empty.model.embed_tokens.weight
-    for (name, a), b in zip(eager.state_dict().items(), empty.state_dict().values()):
-        assert torch.equal(a, b), name
+    assert_same_state(eager, empty)
 
 
 def test_materialize_names_tensors_nothing_initializes() -> None:

@@ -199,7 +199,7 @@ class FullyShardedDataParallelPlugin:
             )
         for name, default in _FSDP1_ONLY.items():
             value = getattr(self, name)
-            if value is not None and value != default and not (name == "use_orig_params" and value is None):
+            if value is not None and value != default:
                 raise ValueError(f"{name}={value!r} is an FSDP1 setting with no FSDP2 meaning; leave it unset (FSDP2 always "
                                  "keeps the original parameters and prefetches one block ahead)")
         if self.state_dict_type is not None and _name(self.state_dict_type) != "SHARDED_STATE_DICT":
@@ -243,10 +243,10 @@ class FullyShardedDataParallelPlugin:
     def _reshard(self) -> bool:
         for name in ("reshard_after_forward", "sharding_strategy"):
             value = getattr(self, name)
-            if value is None or isinstance(value, bool):
-                if isinstance(value, bool):
-                    return value
+            if value is None:
                 continue
+            if isinstance(value, bool):
+                return value
             key = _name(value)
             if key not in _RESHARD:
                 raise ValueError(
