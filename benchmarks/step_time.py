@@ -131,7 +131,7 @@ def _raw_session(work: Workload, batches: Callable[[], Iterable[Any]], *, unlabe
     zero_grad: Callable[[], Any] = optimizer.zero_grad
     step: Callable[[], Any] = optimizer.step
     if unlabelled:
-        from trainer.accelerator.wrappers import step_optimizer, zero_grad_to_none
+        from strategies.optim import step_optimizer, zero_grad_to_none
 
         zero_grad, step = functools.partial(zero_grad_to_none, optimizer), functools.partial(step_optimizer, optimizer)
     begin = time.perf_counter()
@@ -411,9 +411,7 @@ def part_costs(work: Workload, data: TensorDataset, rounds: int) -> str:
     """µs per step spent inside each framework part of a `Trainer()` step with ``self.log`` every step, read by
     timers wrapped around those parts in runs of their own (median over `rounds` runs)."""
     from callbacks.progress import ProgressBar
-    from trainer.accelerator.accelerator import Accelerator
-    from trainer.accelerator.wrappers import PreparedOptimizer
-    from trainer.fit import batch
+    from trainer.accelerator.stepper import Stepper
     from trainer.fit.module import TrainModule
     from trainer.fit.results import ResultsStore
     from trainer.fit.trainer import Trainer
@@ -423,10 +421,9 @@ def part_costs(work: Workload, data: TensorDataset, rounds: int) -> str:
         "progress bar (its per-batch hook)": [(ProgressBar, "on_train_batch_end")],
         "CSV tracker (step values to floats and a written, flushed row, every log_every_n_steps)":
             [(ResultsStore, "flush_step"), (Trainer, "_send_to_trackers")],
-        "zero_grad": [(batch, "zero_grad_to_none")],
-        # the Trainer calls torch's backward and step itself where the accelerator would only call them: timed there
-        "backward (with torch's)": [(Accelerator, "backward"), (torch.Tensor, "backward")],
-        "optimizer step (with torch's)": [(PreparedOptimizer, "step"), (batch.TrainBatch, "_optimizer_step")],
+        "zero_grad": [(Stepper, "zero_grad")],
+        "backward (with torch's)": [(Stepper, "backward")],
+        "optimizer step (with torch's)": [(Stepper, "optimizer_step")],
     }
     per_part: dict[str, list[float]] = {part: [] for part in targets}
     steps: list[float] = []

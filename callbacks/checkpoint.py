@@ -17,11 +17,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from callbacks.base import Callback
+from callbacks.base import Callback, in_fit, overrides
+from strategies import checkpoint_io
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 _MODES = ("min", "max")
 
@@ -48,15 +49,16 @@ class ModelCheckpoint(Callback):
             default: after validation when it runs other than once per epoch, else at epoch end.
         auto_insert_metric_name: write ``name=value`` for each template field.
         verbose: print each checkpoint written (global rank 0).
-        save_weights_only, train_time_interval, enable_version_counter: Lightning's; only their defaults are
-            accepted (a checkpoint always holds the full state; a taken name always gets a ``-v1`` suffix).
+        save_weights_only: Lightning's; only False is accepted (a checkpoint always holds the full state).
+        train_time_interval: Lightning's; only None is accepted (save by steps or epochs).
+        enable_version_counter: Lightning's; only True is accepted (a taken name always gets a ``-v1`` suffix).
 
     Raises:
         ValueError: on an invalid argument (the message names it and the accepted values).
     """
 
-    _runs_last = True
-    _monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
+    runs_last = True
+    monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
     CHECKPOINT_EQUALS_CHAR = "="
     CHECKPOINT_NAME_LAST = "last"
 
@@ -157,54 +159,48 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved = int(state_dict.get("last_global_step_saved", -1))
 
     # ----------------------------------------------------------------------------------- hooks
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def setup(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         self.dirpath = self.resolve_dirpath(trainer)
 
-    def _idle_batch_hooks(self, trainer: Trainer) -> frozenset[str]:
+    def idle_batch_hooks(self, trainer: TrainerView) -> frozenset[str]:
         # saving by epoch only, this class's per-batch hook returns at once (a subclass's own hook is its business)
-        own = type(self).on_train_batch_end is ModelCheckpoint.on_train_batch_end
+        own = not overrides(self, "on_train_batch_end", ModelCheckpoint)
         return frozenset({"on_train_batch_end"}) if own and self.every_n_train_steps < 1 else frozenset()
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         n = self.every_n_train_steps
         if n < 1 or trainer.global_step == 0 or trainer.global_step % n != 0 or not self._may_save(trainer):
             return
         self.save(trainer, monitor_required=False)
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self._may_save(trainer) and self._epoch_due(trainer) and self._saves_on_train_epoch_end(trainer):
             self.save(trainer, monitor_required=True)
 
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self._may_save(trainer) and self._epoch_due(trainer) and not self._saves_on_train_epoch_end(trainer):
             self.save(trainer, monitor_required=True)
 
-    def _may_save(self, trainer: Trainer) -> bool:
-        if getattr(trainer, "sanity_checking", False) or getattr(trainer, "stage", "fit") != "fit":
-            return False
-        return trainer.global_step != self._last_global_step_saved
+    def _may_save(self, trainer: TrainerView) -> bool:
+        return in_fit(trainer) and trainer.global_step != self._last_global_step_saved
 
-    def _epoch_due(self, trainer: Trainer) -> bool:
+    def _epoch_due(self, trainer: TrainerView) -> bool:
         return self.every_n_epochs >= 1 and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
-    def _saves_on_train_epoch_end(self, trainer: Trainer) -> bool:
+    def _saves_on_train_epoch_end(self, trainer: TrainerView) -> bool:
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
-        num_val = getattr(trainer, "num_val_batches", 0)
+        num_val = trainer.num_val_batches
         num_val = sum(num_val) if isinstance(num_val, (list, tuple)) else (num_val or 0)
-        return num_val == 0 or validates_once_per_epoch(trainer)
+        return num_val == 0 or trainer.validation_schedule.once_per_epoch
 
     # ----------------------------------------------------------------------------------- saving
-    def resolve_dirpath(self, trainer: Trainer) -> Path:
+    def resolve_dirpath(self, trainer: TrainerView) -> Path:
         """The directory this callback saves into (``<project_dir>/checkpoints`` unless `dirpath` was given)."""
-        from trainer.fit.checkpointing import default_checkpoint_dir
+        return self.dirpath if self.dirpath is not None else checkpoint_io.default_checkpoint_dir(trainer.project_dir)
 
-        return self.dirpath if self.dirpath is not None else default_checkpoint_dir(trainer)
-
-    def save(self, trainer: Trainer, *, monitor_required: bool) -> None:
+    def save(self, trainer: TrainerView, *, monitor_required: bool) -> None:
         """Save the checkpoints due now (all ranks call this); rank 0 then removes those that dropped out."""
-        from trainer.fit.checkpointing import save_checkpoint, write_last_pointer
-
         self.dirpath = self.resolve_dirpath(trainer)
         metrics = self._metrics(trainer)
         score = self._score(trainer, metrics, monitor_required)  # on every rank: a missing monitor raises everywhere
@@ -214,14 +210,14 @@ class ModelCheckpoint(Callback):
         self._apply_plan(plan, trainer.global_step)
         written = []
         for path in dict.fromkeys(p for p in (plan["topk"], plan["last"]) if p):
-            save_checkpoint(trainer, path)
+            trainer.save_checkpoint(path)
             written.append(Path(path))
             if self.verbose and trainer.is_global_zero:
                 about = f"{self.monitor!r} = {score:.5g}, " if score is not None and self.monitor else ""
                 print(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: {about}saved {path}", flush=True)
         if trainer.is_global_zero:
             if plan["last"]:
-                write_last_pointer(self.dirpath, Path(plan["last"]))
+                checkpoint_io.write_last_pointer(self.dirpath, Path(plan["last"]))
             for path in plan["remove"]:
                 self._remove(Path(path))
 
@@ -272,22 +268,22 @@ class ModelCheckpoint(Callback):
             return True
         return score < self.kth_value if self._ranking_mode == "min" else score > self.kth_value
 
-    def _metrics(self, trainer: Trainer) -> dict[str, Any]:
+    def _metrics(self, trainer: TrainerView) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
-        for key, value in (getattr(trainer, "callback_metrics", None) or {}).items():
+        for key, value in trainer.callback_metrics.items():
             item = getattr(value, "item", None)
             metrics[key] = item() if callable(item) else value
         metrics["epoch"] = int(trainer.current_epoch)
         metrics["step"] = int(trainer.global_step)
         return metrics
 
-    def _score(self, trainer: Trainer, metrics: dict[str, Any], monitor_required: bool) -> float | None:
+    def _score(self, trainer: TrainerView, metrics: dict[str, Any], monitor_required: bool) -> float | None:
         if self.monitor is None:
             return float(trainer.global_step)  # without a monitor the newest ranks best
         if self.monitor not in metrics:
             message = (
                 f"ModelCheckpoint(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics "
-                f"{sorted(getattr(trainer, 'callback_metrics', None) or {})}; log it with self.log({self.monitor!r}, value) "
+                f"{sorted(trainer.callback_metrics)}; log it with self.log({self.monitor!r}, value) "
                 "or change `monitor`"
             )
             if monitor_required:
@@ -327,19 +323,5 @@ class ModelCheckpoint(Callback):
         return path
 
     def _remove(self, path: Path) -> None:
-        from trainer.fit.checkpointing import is_complete_checkpoint
-
-        if self.dirpath is not None and path.parent == self.dirpath and is_complete_checkpoint(path):
+        if self.dirpath is not None and path.parent == self.dirpath and checkpoint_io.is_complete(path):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def validates_once_per_epoch(trainer: Trainer) -> bool:
-    """True when validation runs exactly at the end of every training epoch (so epoch end follows it)."""
-    if getattr(trainer, "check_val_every_n_epoch", 1) not in (None, 1):
-        return False
-    interval = getattr(trainer, "val_check_interval", None)
-    if interval is None:
-        return True
-    if isinstance(interval, float):
-        return interval == 1.0
-    return bool(interval >= getattr(trainer, "num_training_batches", 0))

@@ -6,11 +6,11 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from callbacks.base import Callback
+from callbacks.base import Callback, in_fit
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 
 class EarlyStopping(Callback):
@@ -36,7 +36,7 @@ class EarlyStopping(Callback):
         ValueError: on an invalid argument.
     """
 
-    _monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
+    monitors_metrics = True  # runs after the module's on_train_epoch_end, to see what it logs (as in Lightning)
 
     def __init__(
         self,
@@ -94,25 +94,23 @@ class EarlyStopping(Callback):
         self.stopping_reason = state_dict.get("stopping_reason")
 
     # ----------------------------------------------------------------------------------- hooks
-    def _checks_at_epoch_end(self, trainer: Trainer) -> bool:
+    def _checks_at_epoch_end(self, trainer: TrainerView) -> bool:
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
-        from callbacks.checkpoint import validates_once_per_epoch
+        return trainer.validation_schedule.once_per_epoch
 
-        return validates_once_per_epoch(trainer)
-
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self._checks_at_epoch_end(trainer):
             self._run_check(trainer)
 
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if not self._checks_at_epoch_end(trainer):
             self._run_check(trainer)
 
-    def _run_check(self, trainer: Trainer) -> None:
-        if getattr(trainer, "sanity_checking", False) or getattr(trainer, "stage", "fit") != "fit":
+    def _run_check(self, trainer: TrainerView) -> None:
+        if not in_fit(trainer):
             return
-        metrics = getattr(trainer, "callback_metrics", None) or {}
+        metrics = trainer.callback_metrics
         if self.monitor not in metrics:
             message = (
                 f"EarlyStopping(monitor={self.monitor!r}) could not find {self.monitor!r} in the logged metrics "
@@ -129,9 +127,7 @@ class EarlyStopping(Callback):
             self.stopped_epoch = int(trainer.current_epoch)
             self.stopping_reason = reason
             trainer.should_stop = True
-            if getattr(trainer, "is_global_zero", True):
-                print_fn = getattr(trainer, "print", print)
-                print_fn(f"EarlyStopping: {reason}")
+            trainer.print(f"EarlyStopping: {reason}")  # on the main process only
 
     # ----------------------------------------------------------------------------------- rule
     def _better(self, a: float, b: float) -> bool:

@@ -53,10 +53,12 @@ loaders the batch loop runs over each in turn and the batch events get ``dataloa
 ``on_save_checkpoint(checkpoint)`` and ``on_load_checkpoint(checkpoint)`` fire when a checkpoint is
 written or restored; ``on_exception(exception)`` fires when the loop raises.
 
-Callbacks receive ``(trainer, module, *args)``; the module's own hooks receive ``(*args)``.
-As in Lightning, the callbacks' hooks run first, in list order, then the module's; at ``on_train_epoch_end``
-the callbacks that monitor a metric (``ModelCheckpoint``, ``EarlyStopping``) run after the module's hook.
-Only objects that override a hook are called at all.
+Callbacks receive ``(trainer, module, *args)`` (``trainer`` is what `callbacks.view.TrainerView` lists); the
+module's own hooks receive ``(*args)``. As in Lightning, the callbacks' hooks run first, in list order (those that
+set ``runs_last`` after the others), then the module's; ``on_load_checkpoint`` reaches the module first; at
+``on_train_epoch_end`` the callbacks that monitor a metric (``monitors_metrics``: ``ModelCheckpoint``,
+``EarlyStopping``) run after the module's hook. Only objects that override a hook are called at all. The rules are
+written once, in `trainer.fit.dispatch`.
 """
 
 from __future__ import annotations
@@ -94,3 +96,7 @@ OTHER_EVENTS = (
 )
 
 ALL_EVENTS = FIT_EVENTS + EVAL_EVENTS + OTHER_EVENTS
+"""Every event: `callbacks.base.Callback` has one no-op method per event, in this order (a test holds it to that)."""
+
+MODULE_EVENTS = tuple(event for event in ALL_EVENTS if event not in ("on_log_metrics", "on_exception"))
+"""The events `TrainModule` has a hook for (the same, without the trackers' ``on_log_metrics`` and ``on_exception``)."""

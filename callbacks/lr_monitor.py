@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 _INTERVALS = (None, "step", "epoch")
 
@@ -61,15 +61,15 @@ class LearningRateMonitor(Callback):
         self._intervals: list[str] = []
         self._last_step_logged: int | None = None
 
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
-        optimizers = list(getattr(trainer, "optimizers", None) or [])
+    def on_train_start(self, trainer: TrainerView, module: TrainModule) -> None:
+        optimizers = trainer.optimizers
         if not optimizers:
             warnings.warn(
                 "LearningRateMonitor found no optimizers on the Trainer, so it logs nothing; "
                 "return an optimizer from configure_optimizers() or remove the callback.",
                 stacklevel=2,
             )
-        configs = list(getattr(trainer, "lr_scheduler_configs", None) or [])
+        configs = trainer.lr_scheduler_configs
         self.names = self._names(optimizers, configs)
         self._intervals = [self._interval_of(i, opt, configs) for i, opt in enumerate(optimizers)]
         self._last_step_logged = None
@@ -108,11 +108,10 @@ class LearningRateMonitor(Callback):
         config = _config_for(index, optimizer, configs)
         return "step" if config is None else str(getattr(config, "interval", "epoch"))
 
-    def learning_rates(self, trainer: Trainer, interval: str) -> dict[str, float]:
+    def learning_rates(self, trainer: TrainerView, interval: str) -> dict[str, float]:
         """The current values of every optimizer logged at ``interval``, keyed by metric name."""
         values: dict[str, float] = {}
-        optimizers = list(getattr(trainer, "optimizers", None) or [])
-        for optimizer, stems, opt_interval in zip(optimizers, self.names, self._intervals):
+        for optimizer, stems, opt_interval in zip(trainer.optimizers, self.names, self._intervals):
             if opt_interval != interval:
                 continue
             for stem, group in zip(stems, optimizer.param_groups):
@@ -122,11 +121,11 @@ class LearningRateMonitor(Callback):
                     values[f"{stem}-momentum"] = momentum
         return values
 
-    def on_train_batch_start(self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: TrainerView, module: TrainModule, batch: Any, batch_idx: int) -> None:
         if "step" not in self._intervals:
             return
         step = int(trainer.logging_step)
-        every = max(int(getattr(trainer, "log_every_n_steps", 1) or 1), 1)
+        every = max(trainer.log_every_n_steps, 1)
         # Several batches share one optimizer step under gradient accumulation: log each step once.
         if step == self._last_step_logged or (step + 1) % every:
             return
@@ -135,7 +134,7 @@ class LearningRateMonitor(Callback):
         if values:
             trainer.log_metrics(values, step)
 
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_start(self, trainer: TrainerView, module: TrainModule) -> None:
         values = self.learning_rates(trainer, "epoch")
         if values:
             trainer.log_metrics(values, int(trainer.logging_step))

@@ -6,11 +6,12 @@ import os
 import warnings
 from typing import TYPE_CHECKING
 
-from callbacks.base import Callback
+from callbacks.base import Callback, in_fit
+from callbacks.view import Preempted
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 
 class OnExceptionCheckpoint(Callback):
@@ -63,13 +64,13 @@ class OnExceptionCheckpoint(Callback):
         """Where the checkpoint is written."""
         return os.path.join(self.dirpath, self.filename)
 
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
-        if getattr(trainer, "stage", "fit") != "fit":
+    def on_exception(self, trainer: TrainerView, module: TrainModule, exception: BaseException) -> None:
+        if not in_fit(trainer, sanity_check=True):
             return  # nothing to resume after a failed validate/test/predict
-        if type(exception).__name__ == "Preempted":
+        if isinstance(exception, Preempted):
             return  # the preemption checkpoint is already written
         try:
-            if int(getattr(trainer, "world_size", 1)) > 1:
+            if trainer.world_size > 1:
                 self.saved_path = self._save_local_weights(trainer, module)
             else:
                 trainer.save_checkpoint(self.ckpt_path)
@@ -81,10 +82,10 @@ class OnExceptionCheckpoint(Callback):
                 stacklevel=2,
             )
             return
-        if getattr(trainer, "is_global_zero", True):
+        if trainer.is_global_zero:
             print(f"OnExceptionCheckpoint: saved a checkpoint to {self.saved_path} after {type(exception).__name__}.")
 
-    def _save_local_weights(self, trainer: Trainer, module: TrainModule) -> str:
+    def _save_local_weights(self, trainer: TrainerView, module: TrainModule) -> str:
         """Write this rank's module weights to ``ckpt_path/rank{N}.safetensors`` without collectives."""
         import torch
         from safetensors.torch import save_file
@@ -96,6 +97,6 @@ class OnExceptionCheckpoint(Callback):
             local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # DTensor shard
             tensors[name] = local.detach().cpu().contiguous().clone()
         os.makedirs(self.ckpt_path, exist_ok=True)
-        path = os.path.join(self.ckpt_path, f"rank{int(getattr(trainer, 'global_rank', 0))}.safetensors")
+        path = os.path.join(self.ckpt_path, f"rank{trainer.global_rank}.safetensors")
         save_file(tensors, path)
         return path

@@ -11,14 +11,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
-_STAGE_TOTALS = {
-    "validation": "num_val_batches",
-    "test": "num_test_batches",
-    "predict": "num_predict_batches",
-}
 _STAGE_DESCRIPTIONS = {"validation": "Validation", "test": "Testing", "predict": "Predicting"}
 
 
@@ -130,8 +125,8 @@ class ProgressBar(Callback):
         """Whether bars are drawn at all (``refresh_rate > 0``)."""
         return self.refresh_rate > 0
 
-    def _active(self, trainer: Trainer) -> bool:
-        return self.refresh_rate > 0 and bool(getattr(trainer, "is_global_zero", True))
+    def _active(self, trainer: TrainerView) -> bool:
+        return self.refresh_rate > 0 and trainer.is_global_zero
 
     def _new_bar(self, desc: str, total: int | None, leave: bool) -> Any:
         tqdm = _import_tqdm()
@@ -147,29 +142,29 @@ class ProgressBar(Callback):
             position=self.position or None,
         )
 
-    def postfix(self, trainer: Trainer) -> dict[str, float]:
+    def postfix(self, trainer: TrainerView) -> dict[str, float]:
         """The values shown after the bar: the last training loss, then ``trainer.progress_bar_metrics``."""
         shown: dict[str, float] = {}
         loss = _to_float(_loss_of(self._last_output)) if self._last_output is not None else None
         if loss is not None:
             shown["loss"] = loss
-        for name, value in dict(getattr(trainer, "progress_bar_metrics", None) or {}).items():
+        for name, value in dict(trainer.progress_bar_metrics).items():
             number = _to_float(value)
             if number is not None:
                 shown[name] = number
         return shown
 
     # training
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_start(self, trainer: TrainerView, module: TrainModule) -> None:
         if not self._active(trainer):
             return
         self._close_train_bar()
-        total = _total(getattr(trainer, "num_training_batches", None))
+        total = _total(trainer.num_training_batches)
         self.train_bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
         self._pending = 0
         self._check_at = self._next_check(self.train_bar, self._last_draw)
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.train_bar is None:
             return
         self._last_output = outputs  # its loss is taken out only on a redraw
@@ -180,13 +175,13 @@ class ProgressBar(Callback):
                 self._refresh_train_bar(trainer)
             self._check_at = self._next_check(self.train_bar, now)
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self.train_bar is None:
             return
         self._refresh_train_bar(trainer)
         self._close_train_bar()
 
-    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._close_train_bar()
 
     def _due(self, bar: Any, pending: int, now: float | None = None) -> bool:
@@ -216,7 +211,7 @@ class ProgressBar(Callback):
             check = min(check, max(bar.total - bar.n, 1))
         return check
 
-    def _refresh_train_bar(self, trainer: Trainer) -> None:
+    def _refresh_train_bar(self, trainer: TrainerView) -> None:
         self.train_bar.update(self._pending)
         self._pending = 0
         self.train_bar.set_postfix(self.postfix(trainer), refresh=True)
@@ -227,16 +222,17 @@ class ProgressBar(Callback):
             self.train_bar = None
 
     # validation, test, predict: one bar per loop
-    def _eval_start(self, trainer: Trainer, stage: str) -> None:
+    def _eval_start(self, trainer: TrainerView, stage: str) -> None:
         if not self._active(trainer):
             return
         self._close_eval_bar()
-        total = _total(getattr(trainer, _STAGE_TOTALS[stage], None))
+        counts = {"validation": trainer.num_val_batches, "test": trainer.num_test_batches, "predict": trainer.num_predict_batches}
+        total = _total(counts[stage])
         desc = _STAGE_DESCRIPTIONS[stage]
-        if stage == "validation" and getattr(trainer, "sanity_checking", False):
+        if stage == "validation" and trainer.sanity_checking:
             desc = "Sanity Checking"
-            sanity_steps = getattr(trainer, "num_sanity_val_steps", None)
-            if isinstance(sanity_steps, int) and sanity_steps >= 0:  # a stream's unknown count is at most these steps
+            sanity_steps = trainer.num_sanity_val_steps
+            if sanity_steps >= 0:  # a stream's unknown count is at most these steps
                 total = sanity_steps if total is None else min(total, sanity_steps)
         # A validation bar inside fit sits under the training bar and disappears when done.
         leave = stage != "validation" and self.leave
@@ -252,7 +248,7 @@ class ProgressBar(Callback):
             self._eval_pending = 0
             self.eval_bar.refresh()
 
-    def _eval_end(self, trainer: Trainer) -> None:
+    def _eval_end(self, trainer: TrainerView) -> None:
         if self.eval_bar is None:
             return
         if self._eval_pending:
@@ -268,46 +264,46 @@ class ProgressBar(Callback):
             self.eval_bar.close()
             self.eval_bar = None
 
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._eval_start(trainer, "validation")
 
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
+        self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
     ) -> None:
         self._eval_batch_end()
 
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._eval_end(trainer)
 
-    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._eval_start(trainer, "test")
 
     def on_test_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
+        self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
     ) -> None:
         self._eval_batch_end()
 
-    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._eval_end(trainer)
 
-    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_predict_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._eval_start(trainer, "predict")
 
     def on_predict_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
+        self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0,
     ) -> None:
         self._eval_batch_end()
 
-    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_predict_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._eval_end(trainer)
 
     # cleanup
-    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         self._close_eval_bar()
         self._close_train_bar()
         self._last_output = None
 
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: TrainerView, module: TrainModule, exception: BaseException) -> None:
         self._close_eval_bar()
         self._close_train_bar()
 

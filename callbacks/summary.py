@@ -11,8 +11,8 @@ from callbacks.base import Callback
 from strategies.base import user_class
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 
 @dataclass
@@ -139,8 +139,8 @@ class ModelSummary(Callback):
         self.max_depth = max_depth
         self.summary: Summary | None = None
 
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
-        if not getattr(trainer, "is_global_zero", True):
+    def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
+        if not trainer.is_global_zero:
             return
         self.summary = summarize(module, self.max_depth)
         print(format_summary(self.summary), flush=True)

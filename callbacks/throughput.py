@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 
 def _default_batch_size(batch: Any) -> int:
     """The batch size found by ``strategies.data.find_batch_size`` (first tensor's leading dimension)."""
-    from strategies.data import find_batch_size
+    from strategies.data import find_batch_size  # lazy: `import callbacks` imports no torch (strategies does)
 
     return int(find_batch_size(batch))
 
@@ -80,18 +80,18 @@ class ThroughputMonitor(Callback):
     def _now(self) -> float:
         return time.perf_counter() - self._paused
 
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_start(self, trainer: TrainerView, module: TrainModule) -> None:
         # The window restarts each epoch, so the gap between epochs does not count.
         self._window.clear()
         self._window.append((self._now(), self._samples, self._batches))
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._samples += int(self.batch_size_fn(batch))
         self._batches += 1
         self._window.append((self._now(), self._samples, self._batches))
-        every = self.log_every_n_steps or max(int(getattr(trainer, "log_every_n_steps", 50) or 50), 1)
+        every = self.log_every_n_steps or max(trainer.log_every_n_steps, 1)
         if self._batches % every == 0:
-            metrics = self.compute(int(getattr(trainer, "world_size", 1)))
+            metrics = self.compute(trainer.world_size)
             if metrics:
                 self.last_metrics = metrics
                 trainer.log_metrics(metrics, int(trainer.logging_step))
@@ -113,11 +113,11 @@ class ThroughputMonitor(Callback):
             "throughput/device/samples_per_sec": samples_per_sec,
         }
 
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
-        if getattr(trainer, "training", False) or getattr(trainer, "stage", None) == "fit":
+    def on_validation_start(self, trainer: TrainerView, module: TrainModule) -> None:
+        if trainer.training or trainer.stage == "fit":
             self._pause_start = time.perf_counter()
 
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self._pause_start is not None:
             self._paused += time.perf_counter() - self._pause_start
             self._pause_start = None

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 STAGES = ("train", "validate", "test", "predict")
 _DURATION_FORMAT = re.compile(r"^(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})$")
@@ -134,42 +134,42 @@ class Timer(Callback):
     def _end(self, stage: str) -> None:
         self._end_time[stage] = time.monotonic()
 
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start("train")
 
-    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._end("train")
 
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start("validate")
 
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._end("validate")
 
-    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start("test")
 
-    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._end("test")
 
-    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_predict_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start("predict")
 
-    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_predict_end(self, trainer: TrainerView, module: TrainModule) -> None:
         self._end("predict")
 
-    def on_train_batch_end(self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.interval == "step":
             self._check_time(trainer)
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self.interval == "epoch":
             self._check_time(trainer)
 
-    def _check_time(self, trainer: Trainer) -> None:
+    def _check_time(self, trainer: TrainerView) -> None:
         # Rank 0 decides; the Trainer makes every rank agree on ``should_stop`` at the next boundary, so
         # ranks whose clocks differ still stop at the same step, without a collective here.
-        if self.duration is None or not getattr(trainer, "is_global_zero", True):
+        if self.duration is None or not trainer.is_global_zero:
             return
         if self.time_elapsed("train") < self.duration.total_seconds():
             return

@@ -18,6 +18,7 @@ from torch import nn
 
 from strategies import checkpoint_io, collectives
 from strategies.environment import ClusterEnvironment
+from strategies.materialize import has_meta_tensors, materialize
 from strategies.precision import Precision
 
 _MISSING = object()
@@ -28,17 +29,13 @@ class Strategy:
 
     ``precision_class`` is the `Precision` a strategy composes (FSDP's casts differ from autocast), and
     ``sharded`` says whether it shards parameters (forward is then a collective, and its checkpoints hold
-    one shard per process). ``joint_setup`` says the module and its optimizer must be set up together, in one
-    `setup_module_and_optimizers` call (an engine such as DeepSpeed's builds both at once); the faces then
-    build optimizers on the plain module first. ``steps_in_backward`` says the optimizer steps inside
-    `backward` on an accumulation boundary (the engine's step), so `optimizer_step` only reports it.
+    one shard per process). Optional abilities are small interfaces a strategy also derives from
+(`strategies.abilities.Engine`: module and optimizer set up together, the step inside backward).
     """
 
     name: str = "base"
     precision_class: type[Precision] = Precision
     sharded: bool = False
-    joint_setup: bool = False
-    steps_in_backward: bool = False
 
     def __init__(self, *, cluster: ClusterEnvironment, device: torch.device, precision: str = "no") -> None:
         self.cluster = cluster
@@ -225,6 +222,11 @@ class Strategy:
             )
         return contextlib.nullcontext()
 
+    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager[Any]:
+        """The autograd mode evaluation runs in: ``torch.inference_mode()`` when asked (Lightning's default), else
+        ``torch.no_grad()``. Parameters gathered by a sharded strategy cannot be inference tensors: there, no_grad."""
+        return torch.inference_mode() if inference_mode and not self.sharded else torch.no_grad()
+
     def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
         """Keep `module`'s full parameters on every process inside the block, so its forward needs no collective.
 
@@ -277,7 +279,7 @@ class Strategy:
     def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         self.unwrap_module(module).load_state_dict(state, strict=strict)
 
-    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         """Write the models' and optimizers' states into a checkpoint being staged by `writer` (every rank calls it).
 
         Here: rank 0 writes full state dicts (``model.safetensors``, ``optimizer.bin``, ...); a sharded
@@ -333,8 +335,6 @@ def _init_context(strategy: Strategy, device: torch.device) -> Iterator[None]:
 def materialize_if_empty(strategy: Strategy, module: nn.Module, device: torch.device | None = None) -> None:
     """Allocate and initialize `module`'s meta tensors on `device` (the strategy's by default): every process draws
     from process 0's generator state at the end of `module_init_context`."""
-    from strategies.materialize import has_meta_tensors, materialize
-
     if has_meta_tensors(module):
         before = list(module.named_parameters(remove_duplicate=False))
         materialize(module, strategy.device if device is None else device,

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.materialize import is_sharded_module, load_safetensors_slices
+
 
 class CheckpointError(ValueError):
     """A checkpoint is incomplete, tampered with, or not a trainwright checkpoint."""
@@ -420,6 +422,34 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
     return all((Path(directory) / name).is_file() for name in manifest.get("files") or {})
 
 
+# --------------------------------------------------------------------------------------------- a run's checkpoints
+LAST_POINTER_NAME = "last.json"
+
+
+def default_checkpoint_dir(project_dir: str | os.PathLike[str]) -> Path:
+    """``<project_dir>/checkpoints``, absolute: where a `Trainer` run's checkpoints go unless told otherwise."""
+    return Path(project_dir).absolute() / "checkpoints"
+
+
+def write_last_pointer(dirpath: Path, checkpoint: Path) -> None:
+    """Make ``<dirpath>/last.json`` name `checkpoint` (a directory inside `dirpath`), atomically."""
+    write_json_durably(dirpath / LAST_POINTER_NAME, {"format": FORMAT_NAME, "last": checkpoint.name})
+
+
+def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
+    """The checkpoint that ``<dirpath>/last.json`` names, if it is a complete checkpoint inside `dirpath`."""
+    dirpath = Path(dirpath)
+    try:
+        data = json.loads((dirpath / LAST_POINTER_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    name = data.get("last") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    candidate = dirpath / name
+    return candidate if is_complete(candidate) else None
+
+
 def save_model_weights(
     state: dict[str, torch.Tensor], directory: Path, *, max_shard_size: int | str = "10GB", safe_serialization: bool = True,
     weights_name: str = "model.safetensors",
@@ -603,8 +633,6 @@ def load_weights(
             f"checkpoint {str(directory)!r} has no {name} and no sharded states; pass a directory written by "
             "Trainer.save_checkpoint or Accelerator.save_state"
         )
-    from strategies.materialize import is_sharded_module, load_safetensors_slices
-
     if is_sharded_module(module):  # each process reads only its slices of the file
         check_state_fits(safetensors_shapes(weights), module, weights, strict=strict)
         load_safetensors_slices(weights, module)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies import checkpoint_io
+from strategies.abilities import Engine
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import DeepSpeedPrecision, normalize_precision
@@ -89,7 +90,7 @@ def _agree(what: str, ours: Any, theirs: Any, default: Any) -> Any:
     )
 
 
-class DeepSpeedStrategy(Strategy):
+class DeepSpeedStrategy(Strategy, Engine):
     """ZeRO data parallelism through DeepSpeed's engine.
 
     Args:
@@ -114,8 +115,6 @@ class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     precision_class = DeepSpeedPrecision
     precision: DeepSpeedPrecision
-    joint_setup = True
-    steps_in_backward = True
 
     def __init__(
         self,
@@ -424,7 +423,7 @@ class DeepSpeedStrategy(Strategy):
             else:
                 safe_set_full_fp32_param(param, value)
 
-    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions) plus full float32 ``model.safetensors``."""
         engine = self._engine()
         states = [self.module_state_dict(m) for m in models]  # a collective: every rank

@@ -319,7 +319,7 @@ class FSDPStrategy(Strategy):
         values: Any = state
         set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=True, strict=strict))
 
-    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         """Every rank writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`); nothing is gathered."""
         directory = writer.staging / checkpoint_io.SHARDED_DIR
         checkpoint_io.save_sharded(directory, models, optimizers)

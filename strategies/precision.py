@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from strategies.collectives import apply_to_tensors
+from strategies.optim import step_optimizer
 
 _ALIASES = {
     "no": "no", "32": "no", "32-true": "no", "fp32": "no", "float32": "no",
@@ -210,7 +211,7 @@ class Precision:
             if kwargs:
                 optimizer.step(**kwargs)
             else:
-                optimizer.step()
+                step_optimizer(optimizer)  # optimizer.step() without torch's labels where nothing sees them
             self.step_was_skipped = False
             return True
         scale_before = self.scaler.get_scale()

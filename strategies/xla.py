@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from strategies import checkpoint_io
 from strategies.base import Strategy, materialize_if_empty
+from strategies.collectives import apply_to_tensors
 from strategies.environment import ClusterEnvironment
 from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
 
@@ -143,6 +145,9 @@ class XLAStrategy(Strategy):
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()  # gradients are reduced only in the optimizer step
 
+    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager[Any]:
+        return torch.no_grad()  # XLA traces the graph lazily; inference tensors do not mix with it
+
     def barrier(self, name: str | None = None) -> None:
         self._xm.rendezvous(name or "trainwright")
 
@@ -150,11 +155,8 @@ class XLAStrategy(Strategy):
         """The weights on the CPU (XLA tensors are device handles; moving them also waits for pending steps)."""
         return {k: v.cpu() for k, v in super().module_state_dict(module).items()}
 
-    def save_checkpoint(self, writer: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
         """As the base class, with every tensor moved to the CPU first (what ``xm.save`` does); rank 0 writes."""
-        from strategies import checkpoint_io
-        from strategies.collectives import apply_to_tensors
-
         self._xm.mark_step()
         states = [self.module_state_dict(m) for m in models]
         if self.rank != 0:

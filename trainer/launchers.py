@@ -23,7 +23,7 @@ from trainer.cli.launch import describe_failure, launch_settings, patched_enviro
 
 
 def _refuse_inside_workers(caller: str) -> None:
-    from strategies.environment import detect_environment
+    from strategies.environment import detect_environment  # lazy: `from trainer import notebook_launcher` imports no torch
 
     cluster = detect_environment()
     if cluster.is_distributed or os.environ.get("TRAINWRIGHT_LAUNCHED") == "1":
@@ -203,7 +203,7 @@ def notebook_launcher(
     _refuse_inside_workers("notebook_launcher")
     settings = LaunchSettings(num_processes=num_processes, mixed_precision=mixed_precision)  # per node here
     env = worker_environment(settings)
-    from strategies.xla import xla_device_present
+    from strategies.xla import xla_device_present  # lazy: `from trainer import notebook_launcher` imports no torch
 
     if xla_device_present():  # a TPU notebook (Colab, Kaggle, a TPU VM): torch_xla's own launcher, as Accelerate
         import torch_xla.distributed.xla_multiprocessing as xmp

@@ -15,6 +15,7 @@ import torch
 
 from callbacks.trackers.registry import LoggerType
 from strategies.collectives import broadcast, broadcast_object, gather, gather_object, pad_across_processes, reduce
+from strategies.data import send_to_device as _send_to_device
 from trainer.accelerator.config import (
     DataLoaderConfiguration,
     DDPKwargs,
@@ -126,9 +127,7 @@ def find_executable_batch_size(
 
 
 def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
-    from strategies.data import send_to_device as _send
-
-    return _send(data, device, non_blocking=non_blocking)
+    return _send_to_device(data, device, non_blocking=non_blocking)
 
 
 def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any]:

@@ -24,8 +24,8 @@ from callbacks.base import Callback
 from strategies.base import user_class
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -365,45 +365,44 @@ class GeneralTracker(Callback):
             values, lambda key, message: self.warn_once(f"value:{key}", message), getattr(self, "package", None)
         )
 
-    def _should_run(self, trainer: Trainer) -> bool:
-        is_main = bool(getattr(trainer, "is_global_zero", True))
+    def _should_run(self, trainer: TrainerView) -> bool:
+        is_main = trainer.is_global_zero
         self.set_main_process(is_main)
         return is_main or not self.main_process_only
 
     # --- the Trainer face ---------------------------------------------------------------------------
-    def _start_from_trainer(self, trainer: Trainer, module: TrainModule) -> None:
+    def _start_from_trainer(self, trainer: TrainerView, module: TrainModule) -> None:
         if not self._should_run(trainer) or self.started:
             return
         if getattr(self, "logging_dir", None) is None:
-            project_dir = getattr(trainer, "project_dir", None) or getattr(trainer, "default_root_dir", None)
-            self.logging_dir = os.fspath(project_dir) if project_dir is not None else None
+            self.logging_dir = os.fspath(trainer.project_dir)
         self.configure(run_name=user_class(module).__name__)
         self.begin(continue_run=True)
         hparams = getattr(module, "hparams", None)
         if hparams:
             self.store_init_configuration(dict(hparams))
 
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)
 
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_validation_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)
 
-    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+    def on_test_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)
 
-    def on_log_metrics(self, trainer: Trainer, module: TrainModule, metrics: dict[str, float], step: int) -> None:
+    def on_log_metrics(self, trainer: TrainerView, module: TrainModule, metrics: dict[str, float], step: int) -> None:
         if not self._should_run(trainer):
             return
         if not self.started:
             self._start_from_trainer(trainer, module)
         self.log(metrics, step=step)
 
-    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+    def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         if self._should_run(trainer):
             self.end()
 
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: TrainerView, module: TrainModule, exception: BaseException) -> None:
         if self._should_run(trainer):
             self.end()  # flush what was logged and stop the backend's helpers; teardown then does nothing
 

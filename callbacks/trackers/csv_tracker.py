@@ -10,8 +10,8 @@ from typing import IO, TYPE_CHECKING, Any
 from callbacks.trackers.base import GeneralTracker, on_main_process, sanitize_config
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
-    from trainer.fit.trainer import Trainer
 
 
 class CSVTracker(GeneralTracker):
@@ -106,8 +106,8 @@ class CSVTracker(GeneralTracker):
         self._file = None
         self._writer = None
 
-    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self.run_dir is not None and getattr(trainer, "is_global_zero", True):
+    def on_fit_end(self, trainer: TrainerView, module: TrainModule) -> None:
+        if self.run_dir is not None and trainer.is_global_zero:
             print(f"Metrics and hyperparameters are in {self.run_dir}")
 
     def _open(self, *, append: bool) -> None:

@@ -148,18 +148,22 @@ def _checks(tmp: str) -> dict[str, Any]:
                 DataLoader(torch.utils.data.Subset(_regression_data(), [0]), batch_size=2))
     out["one_sample_val"] = (trainer.num_val_batches, trainer.callback_metrics.get("val_mse"), trainer.global_step)
 
-    # rank 1 skips its batch 1: every rank must skip that step, without hanging
-    trainer = _trainer(tmp, max_epochs=1)
+    # rank 1 skips its batch 1: with the per-batch agreement asked for (on_nonfinite), every rank skips that step
+    trainer = _trainer(tmp, max_epochs=1, on_nonfinite="skip")
     module = Regression(skip=(1, 1))
     trainer.fit(module, DataLoader(_regression_data(), batch_size=2))
     out["skip_steps"] = trainer.global_step
     out["skip_params"] = [p.detach().clone() for p in module.parameters()]
     out["skip_reference"] = _single_process_reference(1)
 
-    # should_stop set on rank 0 only: both ranks stop at the same step
-    trainer = _trainer(tmp, max_epochs=3, callbacks=[StopOnRankZero()])
+    # should_stop set on rank 0 only: both ranks stop at the same step, the first agreement after it: with
+    # stop_check_interval=1 the end of that batch, by default (every second) the end of the epoch (4 batches)
+    trainer = _trainer(tmp, max_epochs=3, callbacks=[StopOnRankZero()], stop_check_interval=1)
     trainer.fit(Regression(), DataLoader(_regression_data(), batch_size=2))
     out["stop"] = (trainer.global_step, trainer.current_epoch, trainer.should_stop)
+    trainer = _trainer(tmp, max_epochs=3, callbacks=[StopOnRankZero()])
+    trainer.fit(Regression(), DataLoader(_regression_data(), batch_size=2))
+    out["stop_default"] = (trainer.global_step, trainer.current_epoch, trainer.should_stop)
 
     # exact evaluation on 7 samples in batches of 2: rank 0 holds [0,1] [4,5], rank 1 holds [2,3] [6]
     data = DataLoader(TensorDataset(torch.arange(7, dtype=torch.float32)), batch_size=2)
@@ -197,6 +201,7 @@ def test_trainer_on_two_processes(tmp_path: Any) -> None:
         for got, want in zip(out["manual_params"], out["reference"]):
             torch.testing.assert_close(got, want)
         assert out["stop"] == (3, 1, True)  # the stopped epoch counts as finished, as in Lightning
+        assert out["stop_default"] == (4, 1, True)
         # exact distributed evaluation: every sample once, no wrap-around duplicate
         assert out["validate"]["mean"] == pytest.approx(3.0)
         assert out["validate"]["count"] == 7.0

@@ -401,7 +401,7 @@ def _zero_grad_names(trace):
 def test_zero_grad_sets_gradients_to_none_as_torch_does():
     """The prepared optimizer's and the Trainer's zero_grad skip torch's profiler label, not its effect: every gradient
     in every group becomes None (a frozen parameter's stays None), and the next backward fills them again."""
-    from trainer.accelerator.wrappers import zero_grad_to_none
+    from strategies.optim import zero_grad_to_none
 
     acc = Accelerator(cpu=True)
     model = acc.prepare(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)))
@@ -422,7 +422,7 @@ def test_zero_grad_sets_gradients_to_none_as_torch_does():
 def test_zero_grad_runs_torchs_method_under_the_profiler_and_an_optimizers_own():
     """Under torch.profiler the trace keeps torch's zero_grad label; an optimizer defining zero_grad (in its class or
     on the instance) has it called, with set_to_none=True."""
-    from trainer.accelerator.wrappers import zero_grad_to_none
+    from strategies.optim import zero_grad_to_none
 
     param = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([param], lr=0.1)
@@ -466,7 +466,7 @@ def _three_layer_model():
 def test_step_optimizer_changes_the_weights_exactly_as_step(make):
     """The step without torch's wrapper is the same step: after several steps (state created lazily on the first),
     the weights and the optimizer state are bitwise those of ``optimizer.step()``."""
-    from trainer.accelerator.wrappers import step_optimizer
+    from strategies.optim import step_optimizer
 
     results = []
     for step in (lambda opt: opt.step(), step_optimizer):
@@ -491,7 +491,7 @@ def test_step_optimizer_skips_torchs_wrapper_only_where_nothing_sees_it():
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from trainer.accelerator.wrappers import step_optimizer
+    from strategies.optim import step_optimizer
 
     model = _three_layer_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -52,7 +52,7 @@ def test_default_schedule() -> None:
     assert ModelCheckpoint().every_n_epochs == 1
     assert ModelCheckpoint(every_n_train_steps=5).every_n_epochs == 0
     assert ModelCheckpoint(every_n_train_steps=5, every_n_epochs=2).every_n_epochs == 2
-    assert ModelCheckpoint._runs_last is True
+    assert ModelCheckpoint.runs_last is True
 
 
 # ------------------------------------------------------------------------------- with a real Trainer

@@ -31,11 +31,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from strategies import Strategy, resolve_strategy
+from strategies import REGISTRY, Strategy, resolve_auto, resolve_strategy
+from strategies.abilities import Engine
+from strategies.checkpoint_io import save_model_weights, save_safetensors, torch_save
 from strategies.collectives import apply_to_tensors
 from strategies.compile import apply_compile, recompile_with, unwrap_compiled
+from strategies.deepspeed import DeepSpeedStrategy
 from strategies.environment import detect_environment, env_flag, env_setting
+from strategies.fsdp import FSDPStrategy
 from strategies.precision import normalize_precision
+from strategies.xla import xla_device_present
 from trainer.accelerator import state as accelerator_state
 from trainer.accelerator.config import (
     DataLoaderConfiguration,
@@ -47,6 +52,8 @@ from trainer.accelerator.config import (
     TorchDynamoPlugin,
 )
 from trainer.accelerator.layout import AcceleratorState, ProcessLayout, share_strategy
+from trainer.accelerator.signals import SIGNALS, SignalRecorder
+from trainer.accelerator.stepper import Stepper, check_loss
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 
 _UNSET: Any = object()
@@ -124,22 +131,19 @@ class Accelerator(ProcessLayout):
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
         ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
-        if deepspeed_plugin is None and (strategy or env_setting("STRATEGY", "auto")) == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):
+        named = _registry_name(strategy)
+        if deepspeed_plugin is None and named == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):
             deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_PLUGIN"))))  # from `trainer launch`'s config
         if deepspeed_plugin is not None:
-            if strategy not in (None, "deepspeed"):
+            if strategy is not None and named != "deepspeed":
                 raise ValueError(f"deepspeed_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='deepspeed')")
-            from strategies.deepspeed import DeepSpeedStrategy
-
             strategy = DeepSpeedStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
                                          **deepspeed_plugin.strategy_kwargs())
-        if fsdp_plugin is None and (strategy or env_setting("STRATEGY", "auto")) in ("fsdp", "fsdp2") and env_setting("FSDP_PLUGIN"):
+        if fsdp_plugin is None and named == "fsdp" and env_setting("FSDP_PLUGIN"):
             fsdp_plugin = FullyShardedDataParallelPlugin(**json.loads(str(env_setting("FSDP_PLUGIN"))))  # `trainer launch`'s config
         if fsdp_plugin is not None:
-            if deepspeed_plugin is not None or strategy not in (None, "fsdp", "fsdp2"):
+            if deepspeed_plugin is not None or (strategy is not None and named != "fsdp"):
                 raise ValueError(f"fsdp_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='fsdp')")
-            from strategies.fsdp import FSDPStrategy
-
             strategy = FSDPStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
                                     **fsdp_plugin.strategy_kwargs())
         if dynamo_plugin is not None and dynamo_backend is not None:
@@ -149,17 +153,15 @@ class Accelerator(ProcessLayout):
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
         self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
         self.strategy.setup_environment()
-        self._plain_steps = self.strategy.plain_steps()  # backward is loss.backward(), a step optimizer.step()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
         self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
+        self.stepper = Stepper(self.strategy, self.gradient_plugin)  # the step: boundaries, backward, clip, optimizer step
         self.device_placement = device_placement
         self.rng_types = rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.step = 0
-        self.sync_gradients = True
         self.flag_tensor: torch.Tensor | None = None
-        self.received_signal = 0  # set by the handlers of trigger_on_signals
+        self._signals = SignalRecorder()  # trigger_on_signals' handlers record here
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -192,6 +194,25 @@ class Accelerator(ProcessLayout):
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
         self.gradient_plugin = GradientAccumulationPlugin(num_steps=value)
+        self.stepper.configure(self.gradient_plugin)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on a batch that ends an accumulation window: gradients are reduced and optimizers step."""
+        return self.stepper.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.stepper.sync_gradients = bool(value)
+
+    @property
+    def step(self) -> int:
+        """Batches counted by `accumulate` since the accumulation window began (Accelerate's ``accelerator.step``)."""
+        return self.stepper.batches_in_window
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.stepper.batches_in_window = int(value)
 
     @property
     def split_batches(self) -> bool:
@@ -245,7 +266,7 @@ class Accelerator(ProcessLayout):
                 )
         # Models first: optimizers must see the parameters after they moved to the device.
         out: list[Any] = list(args)
-        done = self._prepare_jointly(args, out, placements) if self.strategy.joint_setup else set()
+        done = self._prepare_jointly(args, out, placements) if isinstance(self.strategy, Engine) else set()
         for i, obj in enumerate(args):
             if isinstance(obj, nn.Module) and i not in done:
                 out[i] = self.prepare_model(obj, device_placement=placements[i])
@@ -342,7 +363,7 @@ class Accelerator(ProcessLayout):
             shard: ``False`` gives every process the whole loader (the Trainer's ``use_distributed_sampler=False``);
                 batches are still moved to the device and a shuffling loader shuffles alike on every process.
         """
-        from strategies.data import DataLoaderShard, prepare_data_loader
+        from strategies.data import DataLoaderShard, prepare_data_loader  # lazy: `import trainer.accelerator` does not load strategies.data
 
         if isinstance(data_loader, DataLoaderShard):
             return data_loader
@@ -369,21 +390,12 @@ class Accelerator(ProcessLayout):
 
     # training -----------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` with loss scaling and division by the accumulation steps."""
-        if not isinstance(loss, torch.Tensor):
-            raise TypeError(f"backward needs the loss tensor, got {type(loss).__name__} {loss!r:.80}")
-        if loss.numel() != 1 and "gradient" not in kwargs:
-            raise ValueError(
-                f"backward needs a scalar loss, got a tensor of shape {tuple(loss.shape)}; reduce it first (e.g. loss.mean() "
-                "or loss.sum()), or pass gradient= for a non-scalar backward"
-            )
-        steps = self.gradient_plugin.num_steps  # gradient_accumulation_steps, without the property's call (every step)
+        """``loss.backward()`` with loss scaling and division by the accumulation steps (`Stepper.backward`)."""
+        check_loss(loss, kwargs)
         if kwargs:
-            self.strategy.backward(loss, accumulation_steps=steps, boundary=self.sync_gradients, **kwargs)
-        elif steps == 1 and self._plain_steps:  # what the strategy would do, without its two layers of calls
-            loss.backward()
+            self.stepper.backward(loss, **kwargs)
         else:  # a plain call costs less than unpacking an empty dict
-            self.strategy.backward(loss, accumulation_steps=steps, boundary=self.sync_gradients)
+            self.stepper.backward(loss)
 
     def _active_dataloader(self) -> Any:
         for loader in reversed(self._dataloaders):
@@ -391,29 +403,15 @@ class Accelerator(ProcessLayout):
                 return loader
         return None
 
-    def _do_sync(self) -> None:
-        """As Accelerate: the last batch of a loader always syncs and restarts the count; otherwise every N-th batch."""
-        if self.gradient_plugin.sync_with_dataloader and self._active_dataloader() is not None:
-            self.step = 0
-            self.sync_gradients = True
-        else:
-            self.step += 1
-            self.sync_gradients = self.step % self.gradient_accumulation_steps == 0
-
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """Accumulate gradients: inside, gradient sync and optimizer steps happen only on boundaries."""
         bad = [m for m in models if not isinstance(m, nn.Module)]
         if bad:
             raise TypeError(f"accumulate() takes the prepared models (torch.nn.Module), got {bad!r:.120}: accelerator.accumulate(model)")
-        self._do_sync()
-        # sync_each_batch reduces gradients every batch (less memory under DDP/FSDP); the optimizer still steps every N
-        if self.sync_gradients or self.gradient_plugin.sync_each_batch or not models:
-            yield
-            return
-        with contextlib.ExitStack() as stack:
-            for model in models:
-                stack.enter_context(self.strategy.no_sync(model))
+        stepper = self.stepper
+        stepper.advance(stepper.accumulation.sync_with_dataloader and self._active_dataloader() is not None)
+        with stepper.sync_context(models):
             yield
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
@@ -458,23 +456,22 @@ class Accelerator(ProcessLayout):
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide the gradients by the fp16 loss scale (once per step); nothing to do without a scaler."""
-        if self.strategy.precision.scaler is None:
-            return
+        self.stepper.unscale(self._inner_optimizers(optimizer))
+
+    def _inner_optimizers(self, optimizer: Any = None) -> list[torch.optim.Optimizer]:
+        """The optimizers the strategy set up: of `optimizer` (one or a list), else of every prepared one."""
         targets = self._optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
-        for opt in targets:
-            self.strategy.precision.unscale(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)
+        return [opt.optimizer if isinstance(opt, PreparedOptimizer) else opt for opt in targets]
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Unscale (fp16), then clip the gradient norm; returns the total norm before clipping."""
         if isinstance(max_norm, bool) or not isinstance(max_norm, (numbers.Real, torch.Tensor)):
             raise TypeError(f"max_norm={max_norm!r} must be a number, e.g. clip_grad_norm_(model.parameters(), 1.0)")
-        self.unscale_gradients()
-        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.stepper.clip_grad_norm_(parameters, max_norm, norm_type, self._inner_optimizers())
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale (fp16), then clamp every gradient to ``[-clip_value, clip_value]``."""
-        self.unscale_gradients()
-        self.strategy.clip_grad_value_(parameters, clip_value)
+        self.stepper.clip_grad_value_(parameters, clip_value, self._inner_optimizers())
 
     def set_trigger(self) -> None:
         """Mark this process; the next `check_trigger` returns True on every process."""
@@ -495,15 +492,16 @@ class Accelerator(ProcessLayout):
         The handler only records the signal; check ``accelerator.check_trigger()`` once per step, and when it is
         True (on every process at the same step) call ``save_state()`` and exit, e.g. ``sys.exit(143)``.
         """
-        import signal as signals_module
+        self._signals.install(signals or SIGNALS, keep_user_handlers=False, first_wins=False)
 
-        from trainer.fit.preemption import SIGNALS
+    @property
+    def received_signal(self) -> int:
+        """The last signal of `trigger_on_signals` received since the last `check_trigger` (0: none)."""
+        return self._signals.received
 
-        def record(received: int, frame: Any) -> None:
-            self.received_signal = received
-
-        for signum in signals or SIGNALS:
-            signals_module.signal(signum, record)
+    @received_signal.setter
+    def received_signal(self, value: int) -> None:
+        self._signals.received = int(value)
 
     # collectives --------------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
@@ -554,15 +552,11 @@ class Accelerator(ProcessLayout):
         """Save `obj` on the main process (safetensors for a state dict when ``safe_serialization``)."""
         if not self.is_main_process:
             return
-        from strategies.checkpoint_io import save_safetensors, torch_save
-
         (save_safetensors if safe_serialization else torch_save)(obj, Path(f))
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
         """Save the unwrapped weights (safetensors), sharded by `max_shard_size` with an index file."""
         _check_path(save_directory, "save_directory")
-        from strategies.checkpoint_io import save_model_weights
-
         state = self.get_state_dict(model)
         if self.is_main_process:
             save_model_weights(state, Path(save_directory), max_shard_size=max_shard_size, safe_serialization=safe_serialization)
@@ -591,7 +585,7 @@ class Accelerator(ProcessLayout):
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts `num_batches` into `dataloader`, skipping at the batch-sampler level."""
-        from strategies.data import skip_first_batches
+        from strategies.data import skip_first_batches  # lazy: `import trainer.accelerator` does not load strategies.data
 
         return skip_first_batches(dataloader, num_batches)
 
@@ -612,7 +606,7 @@ class Accelerator(ProcessLayout):
     # trackers -----------------------------------------------------------------------------------------
     def _tracker_hub(self) -> Any:
         if self._trackers is None:
-            from callbacks.trackers import TrackerHub
+            from callbacks.trackers import TrackerHub  # lazy: the tracker modules load only for log_with
 
             self._trackers = TrackerHub(self._log_with, project_dir=self.logging_dir, is_main_process=self.is_main_process)
         return self._trackers
@@ -671,11 +665,19 @@ def _build_strategy(strategy: str | Strategy | None, *, cpu: bool, precision: st
     name = strategy or env_setting("STRATEGY", "auto")
     cluster = detect_environment()
     kwargs: dict[str, Any] = {"cluster": cluster, "cpu": cpu, "precision": precision, "timeout": timeout}
-    resolved = "ddp" if name == "auto" and cluster.is_distributed else name
+    resolved = resolve_auto(_registry_name(name) or str(name), distributed=cluster.is_distributed, xla=not cpu and xla_device_present())
     if ddp is not None and resolved == "ddp":
         kwargs.update(find_unused_parameters=ddp.find_unused_parameters, static_graph=ddp.static_graph,
                       bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
     return resolve_strategy(name, **kwargs)
+
+
+def _registry_name(strategy: Any) -> str | None:
+    """The registry's name for a strategy name (an alias such as ``"fsdp2"`` gives ``"fsdp"``); None for an instance or
+    an unknown name (`resolve_strategy` refuses that one)."""
+    name = strategy if strategy is not None else env_setting("STRATEGY", "auto")
+    entry = REGISTRY.get(str(name).lower()) if isinstance(name, str) else None
+    return entry.name if entry is not None else None
 
 
 def _check_path(value: Any, name: str) -> None:

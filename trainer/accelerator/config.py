@@ -139,7 +139,7 @@ class DeepSpeedPlugin:
 
     def strategy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `DeepSpeedStrategy` (its ``config`` carries the offload devices and accumulation steps)."""
-        from strategies.deepspeed import load_config
+        from strategies.deepspeed import load_config  # lazy: the config records import no torch (strategies does)
 
         config = load_config(self.hf_ds_config)
         zero = config.setdefault("zero_optimization", {})
@@ -216,7 +216,7 @@ class FullyShardedDataParallelPlugin:
 
     def strategy_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `strategies.FSDPStrategy`."""
-        from strategies.fsdp import NO_SPLIT_MODULES
+        from strategies.fsdp import NO_SPLIT_MODULES  # lazy: the config records import no torch (strategies does)
 
         kwargs: dict[str, Any] = {"reshard_after_forward": self._reshard(), "cpu_offload": bool(self.cpu_offload),
                                   "cpu_ram_efficient_loading": bool(self.cpu_ram_efficient_loading or self.sync_module_states)}
@@ -324,7 +324,7 @@ class TorchDynamoPlugin:
 
     def config(self) -> Any:
         """The `strategies.compile.CompileConfig` these settings describe."""
-        from strategies.compile import CompileConfig
+        from strategies.compile import CompileConfig  # lazy: the config records import no torch (strategies does)
 
         backend = "inductor" if self.backend == "no" else self.backend
         return CompileConfig(backend=backend, mode=self.mode, fullgraph=bool(self.fullgraph), dynamic=self.dynamic,

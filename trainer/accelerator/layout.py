@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import torch
 
-from strategies import Strategy
+from strategies import REGISTRY, Strategy
 from strategies.sharding import split_for_process
 from trainer.accelerator.config import DistributedType
 
@@ -34,10 +34,10 @@ def share_strategy(strategy: Strategy) -> None:
 
 
 def distributed_type(strategy: Strategy) -> DistributedType:
-    """Accelerate's name for what kind of run `strategy` does."""
-    named = {"fsdp": DistributedType.FSDP, "deepspeed": DistributedType.DEEPSPEED, "xla": DistributedType.XLA}
-    if strategy.name in named:
-        return named[strategy.name]
+    """Accelerate's name for what kind of run `strategy` does: its registry entry's, else from the process layout."""
+    entry = REGISTRY.get(strategy.name)
+    if entry is not None and entry.distributed_type is not None:
+        return DistributedType(entry.distributed_type)
     if strategy.world_size == 1:
         return DistributedType.NO
     return DistributedType.MULTI_GPU if strategy.device.type == "cuda" else DistributedType.MULTI_CPU
@@ -182,7 +182,7 @@ class PartialState(ProcessLayout):
         if kwargs:
             raise TypeError(f"PartialState() got unsupported arguments {sorted(kwargs)}; it takes only cpu=")
         if not _shared:
-            from trainer.accelerator.accelerator import _build_strategy
+            from trainer.accelerator.accelerator import _build_strategy  # lazy: import cycle (it imports this module)
 
             strategy = _build_strategy(None, cpu=cpu, precision="no", timeout=None, ddp=None)
             strategy.setup_environment()

@@ -17,16 +17,21 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategies import checkpoint_io as io
+
+if TYPE_CHECKING:
+    from trainer.accelerator.accelerator import Accelerator
 
 _NUMBERED = re.compile(r"^checkpoint_(\d+)$")
 
 
-def _automatic_dir(accelerator: Any) -> Path:
-    config = accelerator.project_configuration
-    return Path(config.project_dir) / "checkpoints"
+def _automatic_dir(accelerator: Accelerator) -> Path:
+    project_dir = accelerator.project_configuration.project_dir
+    if project_dir is None:  # ProjectConfiguration refuses automatic naming without one, and load_state checks first
+        raise ValueError("numbered checkpoints live under a project directory; pass ProjectConfiguration(project_dir=...)")
+    return Path(project_dir) / "checkpoints"
 
 
 def numbered_checkpoints(folder: Path) -> list[Path]:
@@ -38,7 +43,7 @@ def numbered_checkpoints(folder: Path) -> list[Path]:
 
 
 def save_state(
-    accelerator: Any,
+    accelerator: Accelerator,
     output_dir: str | os.PathLike | None = None,
     *,
     extra_state: dict[str, Any] | None = None,
@@ -93,7 +98,7 @@ def save_state(
     return str(final)
 
 
-def _write_shared(accelerator: Any, writer: io.CheckpointWriter, extra_state: dict[str, Any] | None) -> None:
+def _write_shared(accelerator: Accelerator, writer: io.CheckpointWriter, extra_state: dict[str, Any] | None) -> None:
     for i, sched in enumerate(accelerator._schedulers):
         writer.save_torch(io.indexed("scheduler", i, "bin"), sched.state_dict())
     scaler = accelerator.strategy.precision.state_dict()
@@ -106,7 +111,7 @@ def _write_shared(accelerator: Any, writer: io.CheckpointWriter, extra_state: di
     writer.save_json("extra_state.json", extra_state or {})
 
 
-def resolve_load_dir(accelerator: Any, input_dir: str | os.PathLike | None) -> Path:
+def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
     if input_dir is not None:
         return Path(input_dir)
     config = accelerator.project_configuration
@@ -139,7 +144,7 @@ def _check_process_count(manifest: dict[str, Any], path: Path, world_size: int) 
 
 
 def load_state(
-    accelerator: Any,
+    accelerator: Accelerator,
     input_dir: str | os.PathLike | None = None,
     *,
     strict: bool = True,

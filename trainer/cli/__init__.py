@@ -10,14 +10,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from trainer.cli.config import add_config_parser
+from trainer.cli.env import add_env_parser
+from trainer.cli.launch import add_launch_parser
+from trainer.cli.selftest import add_test_parser
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``trainer`` argument parser with all subcommands."""
-    from trainer.cli.config import add_config_parser
-    from trainer.cli.env import add_env_parser
-    from trainer.cli.launch import add_launch_parser
-    from trainer.cli.selftest import add_test_parser
-
     parser = argparse.ArgumentParser(
         prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test."
     )

@@ -118,7 +118,7 @@ def _fsdp_section(section: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Accelerate's ``fsdp_config`` section as `FullyShardedDataParallelPlugin` arguments (each checked by the plugin)."""
     from dataclasses import fields
 
-    from trainer.accelerator.config import FullyShardedDataParallelPlugin
+    from trainer.accelerator.config import FullyShardedDataParallelPlugin  # lazy: the CLI imports no torch (trainer.accelerator does)
 
     known = {f.name for f in fields(FullyShardedDataParallelPlugin)}
     plugin: dict[str, Any] = {}
@@ -141,7 +141,7 @@ _DYNAMO_KEYS = {"dynamo_backend": "backend", "dynamo_mode": "mode", "dynamo_use_
 
 def _dynamo_section(section: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Accelerate's ``dynamo_config`` section as `TorchDynamoPlugin` arguments (each checked by the plugin)."""
-    from trainer.accelerator.config import TorchDynamoPlugin
+    from trainer.accelerator.config import TorchDynamoPlugin  # lazy: the CLI imports no torch (trainer.accelerator does)
 
     unknown = sorted(set(section) - set(_DYNAMO_KEYS))
     if unknown:

@@ -132,6 +132,7 @@ class LaunchSettings:
             raise ValueError(f"cpu={self.cpu!r} must be true or false")
         if not isinstance(self.strategy, str) or not self.strategy:
             raise ValueError(f"strategy={self.strategy!r} must be a strategy name such as 'auto', 'ddp' or 'single'")
+        # lazy: the CLI imports no torch (trainer.accelerator does)
         from trainer.accelerator.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin, TorchDynamoPlugin
 
         _check_plugin("deepspeed_plugin", self.deepspeed_plugin, DeepSpeedPlugin, "e.g. {zero_stage: 3}")
@@ -207,7 +208,7 @@ def load_config_file(path: str | os.PathLike[str]) -> LaunchSettings:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {str(path)!r} must hold a YAML mapping of settings, got {type(data).__name__}")
-    from trainer.cli.accelerate_config import is_accelerate_config, settings_from_accelerate
+    from trainer.cli.accelerate_config import is_accelerate_config, settings_from_accelerate  # lazy: import cycle (it imports this module)
 
     if is_accelerate_config(data):
         return settings_from_accelerate(data, source=str(path))

@@ -12,6 +12,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from trainer.cli.config import default_config_path, load_config_file
+
 # distribution names, in the order they are shown; alternatives separated by "|"
 INTEGRATIONS = (
     "numpy",
@@ -65,8 +67,6 @@ def _hardware() -> dict[str, Any]:
 
 def collect_environment() -> dict[str, Any]:
     """Everything ``trainer env`` prints, as sections of name -> value."""
-    from trainer.cli.config import default_config_path, load_config_file
-
     versions: dict[str, Any] = {
         "trainwright": package_version("trainwright") or "not installed (running from source)",
         "Python": sys.version.split()[0],

@@ -260,7 +260,7 @@ def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    from strategies.process_group import read_hung_reports
+    from strategies.process_group import read_hung_reports  # lazy: the CLI imports no torch (strategies does)
 
     reports = tempfile.TemporaryDirectory(prefix="trainwright-faults-")
     env = {**worker_environment(settings), "TRAINWRIGHT_FAULT_DIR": reports.name}  # workers leave hang reports there
@@ -303,18 +303,19 @@ def _rendezvous_message(settings: LaunchSettings, err: BaseException) -> str:
     )
 
 
-def check_strategy_name(name: str) -> None:
-    """Raise `ValueError` unless ``name`` is in the strategy registry (checked before starting processes)."""
-    from strategies import STRATEGIES
+def check_strategy_name(name: str) -> str:
+    """The registry name ``name`` stands for (``"tpu"`` -> ``"xla"``); a `ValueError` unless it is in the strategy
+    registry (checked before starting processes)."""
+    from strategies.registry import REGISTRY  # lazy: the CLI imports no torch (strategies does)
 
-    if name.lower() not in STRATEGIES:
-        raise ValueError(f"strategy={name!r} is not known; choose one of {', '.join(sorted(STRATEGIES))}")
+    if name.lower() not in REGISTRY:
+        raise ValueError(f"strategy={name!r} is not known; choose one of {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name.lower()].name
 
 
 def launch_settings(settings: LaunchSettings, script: str, script_args: Sequence[str] = (), *, module: bool = False) -> int:
     """Launch ``script`` (or module) under ``settings``; return the job's exit code."""
-    check_strategy_name(settings.strategy)
-    if settings.strategy.lower() in ("xla", "tpu"):
+    if check_strategy_name(settings.strategy) == "xla":
         return run_xla(settings, script, script_args, module=module)
     total = total_processes(settings)
     where = "CPU" if settings.cpu else "auto device"
@@ -331,7 +332,7 @@ def run_xla(settings: LaunchSettings, script: str, script_args: Sequence[str] = 
     """XLA devices start through torch_xla's own launcher (``xmp.spawn``): one process per local device (or one
     with ``--num_processes 1``), each running the script as ``__main__``. On a multi-host pod, run the same
     command on every host; torch_xla's runtime joins them."""
-    from strategies.xla import import_xla
+    from strategies.xla import import_xla  # lazy: the CLI imports no torch (strategies does)
 
     import_xla()  # an ImportError naming the fix when torch_xla is missing or built for another torch
     import torch_xla.distributed.xla_multiprocessing as xmp

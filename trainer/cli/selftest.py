@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.cli.config import add_setting_arguments, resolve_settings
+from trainer.cli.launch import launch_settings
 
 
 class SelfTestFailure(RuntimeError):
@@ -79,7 +80,7 @@ def check_training(acc: Any, steps: int = 8) -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from trainer.utils import set_seed
+    from trainer.utils import set_seed  # lazy: the CLI imports no torch (these checks run in the launched workers)
 
     set_seed(0)
     x = torch.randn(64, 4)
@@ -114,7 +115,7 @@ CHECKS: list[tuple[str, Callable[[Any], None]]] = [
 
 def run_checks() -> int:
     """Run every check in this worker; return 0 when all pass."""
-    from trainer import Accelerator
+    from trainer import Accelerator  # lazy: the CLI imports no torch (these checks run in the launched workers)
 
     acc = Accelerator()
     acc.print(f"Trainwright self-test: {acc.num_processes} process(es), device {acc.device}, "
@@ -144,8 +145,6 @@ def add_test_parser(subparsers: Any) -> None:
 
 def test_command(args: argparse.Namespace) -> int:
     """Run ``trainer test``: launch this module's checks and report success or failure."""
-    from trainer.cli.launch import launch_settings
-
     settings, path = resolve_settings(args)
     print(f"trainer test: settings from {path or 'built-in defaults'}", flush=True)
     code = launch_settings(settings, "trainer.cli.selftest", [], module=True)

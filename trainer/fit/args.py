@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from callbacks.base import Callback
-
-_LAUNCHABLE = ("auto", "ddp", "fsdp", "fsdp2", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload",
-               "deepspeed_stage_3", "deepspeed_stage_3_offload")  # strategies `fit` may start processes for from a plain python run
+from strategies import REGISTRY, Strategy, normalize_precision, resolve_auto
+from strategies.environment import detect_environment
+from trainer.accelerator import Accelerator
+from trainer.accelerator.config import TorchDynamoPlugin
+from trainer.launchers import launch_current_script
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class TrainerArgs:
     benchmark: bool | None = None
     profiler: str | None = None
     compile: Any = None
+    stop_check_interval: int | float = 1.0
     launch_processes: bool = False
 
 
@@ -81,13 +84,11 @@ def _check_limit(name: str, value: Any) -> None:
 
 def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
-    from strategies import STRATEGIES, Strategy, normalize_precision
-
     kw = _lightning_names(_overfit_batches(_fast_dev_run(kw)))
     strategy = kw["strategy"]
     if not isinstance(strategy, Strategy):
-        if not isinstance(strategy, str) or strategy.lower() not in STRATEGIES:
-            raise ValueError(f"strategy={strategy!r} is not known; choose one of {', '.join(map(repr, sorted(STRATEGIES)))} or pass a Strategy")
+        if not isinstance(strategy, str) or strategy.lower() not in REGISTRY:
+            raise ValueError(f"strategy={strategy!r} is not known; choose one of {', '.join(map(repr, sorted(REGISTRY)))} or pass a Strategy")
         strategy = strategy.lower()
     devices = kw["devices"]
     if devices != "auto" and not (_is_int(devices) and devices >= 1):
@@ -143,6 +144,12 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise TypeError(f"default_root_dir={kw['default_root_dir']!r} must be a path (str or os.PathLike)")
     if not isinstance(kw["project_dir"], (str, os.PathLike)):
         raise TypeError(f"project_dir={kw['project_dir']!r} must be a path (str or os.PathLike)")
+    check = kw["stop_check_interval"]
+    if not ((_is_int(check) and check >= 1) or (isinstance(check, float) and 0.0 < check < float("inf"))):
+        raise ValueError(
+            f"stop_check_interval={check!r} must be a float > 0 (seconds between the processes' agreements on stopping and "
+            "preemption, e.g. 1.0) or an int >= 1 (batches; 1 agrees every batch)"
+        )
     if kw["on_nonfinite"] not in (None, "skip", "stop"):
         raise ValueError(f"on_nonfinite={kw['on_nonfinite']!r} must be None, 'skip' or 'stop'")
     _check_int("num_nodes", kw["num_nodes"], 1)
@@ -167,8 +174,6 @@ _PROFILERS = (None, "simple")
 
 def _compile_plugin(value: Any) -> Any:
     """``compile=``: None/False (off), True (inductor), a dict of `TorchDynamoPlugin` fields, or a `TorchDynamoPlugin`."""
-    from trainer.accelerator.config import TorchDynamoPlugin
-
     if value is None or value is False:
         return None
     if value is True:
@@ -203,8 +208,6 @@ def _overfit_batches(kw: dict[str, Any]) -> dict[str, Any]:
 
 def _check_num_nodes(num_nodes: int) -> None:
     """Lightning's ``num_nodes`` (machines): here the launcher sets the layout, so it must agree with what was launched."""
-    from strategies.environment import detect_environment
-
     cluster = detect_environment()
     nodes = max(1, cluster.world_size // max(1, cluster.local_world_size))
     if num_nodes != nodes:
@@ -226,6 +229,7 @@ def _fast_dev_run(kw: dict[str, Any]) -> dict[str, Any]:
         value = 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"fast_dev_run={value!r} must be True/False or a number of batches >= 0")
+    # lazy: the built-in callbacks load only for a run that uses them
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.early_stopping import EarlyStopping
     from callbacks.trackers import GeneralTracker
@@ -255,8 +259,8 @@ def _lightning_names(kw: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("accelerator='mps' but MPS is not available here; use accelerator='cpu' or 'auto'")
     if accelerator == "tpu":  # Lightning's name for the XLA strategy's device
         if kw["strategy"] == "auto":
-            kw["strategy"] = "xla"
-        elif getattr(kw["strategy"], "name", kw["strategy"]) not in ("xla", "tpu"):
+            kw["strategy"] = resolve_auto("auto", distributed=False, xla=True)
+        elif getattr(REGISTRY.get(_strategy_name(kw["strategy"])), "name", None) != "xla":
             raise ValueError(f"accelerator='tpu' runs strategy='xla', but strategy={kw['strategy']!r} was passed; pass strategy='xla' or 'auto'")
     kw["accelerator"] = accelerator
     root = kw.pop("default_root_dir")
@@ -274,8 +278,6 @@ def _lightning_names(kw: dict[str, Any]) -> dict[str, Any]:
 
 def _needs_launch(strategy: Any, devices: Any) -> bool:
     """True when this plain process must start `devices` processes itself (from ``fit``)."""
-    from strategies.environment import detect_environment
-
     cluster = detect_environment()
     if cluster.is_distributed:
         if _is_int(devices) and devices != cluster.local_world_size:
@@ -284,7 +286,8 @@ def _needs_launch(strategy: Any, devices: Any) -> bool:
                 f"({cluster.source}); pass devices={cluster.local_world_size} or devices='auto'"
             )
         return False
-    return _is_int(devices) and devices > 1 and _strategy_name(strategy) in _LAUNCHABLE
+    entry = REGISTRY.get(_strategy_name(strategy))
+    return _is_int(devices) and devices > 1 and entry is not None and entry.launchable
 
 
 def _strategy_name(strategy: Any) -> str:
@@ -292,10 +295,8 @@ def _strategy_name(strategy: Any) -> str:
     return str(getattr(strategy, "name", strategy))
 
 
-def build_accelerator(args: TrainerArgs) -> Any:
+def build_accelerator(args: TrainerArgs) -> Accelerator:
     """The `Accelerator` a `Trainer` with these arguments drives."""
-    from trainer.accelerator import Accelerator
-
     return Accelerator(
         cpu=True if args.accelerator == "cpu" else None,
         mixed_precision=args.precision,
@@ -311,21 +312,23 @@ def build_accelerator(args: TrainerArgs) -> Any:
 def default_callbacks(args: TrainerArgs) -> list[Callback]:
     """The user's callbacks plus the enabled defaults (progress bar, summary, checkpointing) and the trackers."""
     callbacks = list(args.callbacks)
-    names = {type(cb).__name__ for cb in callbacks}
-    if args.enable_progress_bar and not any("ProgressBar" in n for n in names):
-        from callbacks.progress import ProgressBar
+    if args.enable_progress_bar:
+        from callbacks.progress import ProgressBar  # lazy: each default callback loads only when enabled
 
-        callbacks.append(ProgressBar())
-    if args.enable_model_summary and "ModelSummary" not in names:
-        from callbacks.summary import ModelSummary
+        if not any(isinstance(cb, ProgressBar) for cb in callbacks):
+            callbacks.append(ProgressBar())
+    if args.enable_model_summary:
+        from callbacks.summary import ModelSummary  # lazy: each default callback loads only when enabled
 
-        callbacks.append(ModelSummary())
-    if args.enable_checkpointing and "ModelCheckpoint" not in names:
-        from callbacks.checkpoint import ModelCheckpoint
+        if not any(isinstance(cb, ModelSummary) for cb in callbacks):
+            callbacks.append(ModelSummary())
+    if args.enable_checkpointing:
+        from callbacks.checkpoint import ModelCheckpoint  # lazy: each default callback loads only when enabled
 
-        callbacks.append(ModelCheckpoint())
+        if not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
+            callbacks.append(ModelCheckpoint())
     if args.log_with:
-        from callbacks.trackers import resolve_trackers
+        from callbacks.trackers import resolve_trackers  # lazy: the tracker modules load only when trackers are asked for
 
         callbacks.extend(resolve_trackers(args.log_with, project_dir=args.project_dir))
     return callbacks
@@ -333,9 +336,7 @@ def default_callbacks(args: TrainerArgs) -> list[Callback]:
 
 def launch_processes(args: TrainerArgs) -> None:
     """Re-run the current script on ``args.devices`` DDP processes (a plain ``python script.py`` with ``devices > 1``)."""
-    from trainer.launchers import launch_current_script
-
-    settings: dict[str, Any] = {"strategy": "ddp" if args.strategy == "auto" else _strategy_name(args.strategy)}
+    settings: dict[str, Any] = {"strategy": resolve_auto(_strategy_name(args.strategy), distributed=True)}
     if args.precision is not None:
         settings["mixed_precision"] = args.precision
     if args.accelerator == "cpu":

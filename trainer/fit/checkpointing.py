@@ -22,22 +22,29 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from callbacks.checkpoint import ModelCheckpoint
+from strategies import checkpoint_io
 from strategies.checkpoint_io import (
-    FORMAT_NAME,
     FORMAT_VERSION,
+    LAST_POINTER_NAME,
+    load_weights,
+    read_last_pointer,
     read_manifest,
     sha256_of,
     verify_checkpoint,
-    write_json_durably,
+    write_last_pointer,
 )
 from strategies.checkpoint_io import is_complete as is_complete_checkpoint
+from trainer.accelerator.state import save_state
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
 
 HPARAMS_NAME = "hparams.json"
-LAST_POINTER_NAME = "last.json"
-__all__ = ["is_complete_checkpoint", "read_manifest", "restore_checkpoint", "save_checkpoint", "verify_checkpoint"]
+__all__ = [
+    "LAST_POINTER_NAME", "is_complete_checkpoint", "read_last_pointer", "read_manifest", "restore_checkpoint", "save_checkpoint",
+    "verify_checkpoint", "write_last_pointer",
+]
 
 
 # --------------------------------------------------------------------------------------------- saving
@@ -56,8 +63,6 @@ def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str]) -> Path:
     Returns:
         The checkpoint directory.
     """
-    from trainer.accelerator.state import save_state
-
     target = Path(dirpath).absolute()
     extra_state = build_checkpoint_state(trainer)
     hparams = extra_state.get("hyper_parameters") or {}
@@ -69,9 +74,8 @@ def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str]) -> Path:
 def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
     """The Trainer's part of a checkpoint (JSON only), after the ``on_save_checkpoint`` hooks added theirs."""
     module = trainer.lightning_module
-    callbacks = list(getattr(trainer, "callbacks", None) or [])
     callback_states: dict[str, Any] = {}
-    for callback in callbacks:
+    for callback in trainer.callbacks:
         state = callback.state_dict()
         if state:
             key = callback.state_key
@@ -85,19 +89,17 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "epoch": int(trainer.current_epoch),
         "global_step": int(trainer.global_step),
-        "loops": {"fit_loop": dict(getattr(trainer, "fit_loop_state", None) or {})},
+        "loops": {"fit_loop": dict(trainer.fit_loop_state)},
         "callbacks": callback_states,
-        "hyper_parameters": dict(getattr(module, "hparams", None) or {}),
+        "hyper_parameters": dict(module.hparams) if module is not None else {},
     }
-    datamodule = getattr(trainer, "datamodule", None)
+    datamodule = trainer.datamodule
     if datamodule is not None and datamodule.state_dict():
         checkpoint["datamodule"] = datamodule.state_dict()
-    metrics = getattr(trainer, "callback_metrics", None) or {}
+    metrics = trainer.callback_metrics
     checkpoint["callback_metrics"] = {k: _as_number(v) for k, v in metrics.items() if _as_number(v) is not None}
-    results_state = getattr(trainer, "results_state_dict", None)
-    if callable(results_state):  # epoch accumulators of self.log(on_epoch=True), for an exact epoch value after resume
-        checkpoint["results"] = results_state()
-    _call_checkpoint_hooks(trainer, module, callbacks, "on_save_checkpoint", checkpoint, module_first=False)
+    checkpoint["results"] = trainer.results_state_dict()  # epoch accumulators of self.log(on_epoch=True): exact after resume
+    trainer._dispatch.call("on_save_checkpoint", checkpoint)  # the callbacks, then the module (Lightning's order)
     safe: dict[str, Any] = to_json_safe(checkpoint, "checkpoint")
     return safe
 
@@ -107,29 +109,6 @@ def _as_number(value: Any) -> float | None:
     if callable(item) and getattr(value, "ndim", None) == 0:
         value = item()
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _call_checkpoint_hooks(
-    trainer: Trainer, module: Any, callbacks: list[Any], name: str, checkpoint: dict[str, Any], *, module_first: bool = True,
-) -> None:
-    """Call `name` on the callbacks that override it (``_runs_last`` ones last) and on the module: Lightning calls the
-    module first when loading, the callbacks first when saving."""
-    from callbacks.base import Callback
-
-    hook = getattr(module, name, None)
-    if module_first and callable(hook):
-        hook(checkpoint)
-    ordered = [cb for cb in callbacks if not getattr(cb, "_runs_last", False)]
-    ordered += [cb for cb in callbacks if getattr(cb, "_runs_last", False)]
-    for callback in ordered:
-        if getattr(type(callback), name, None) is not getattr(Callback, name):
-            try:
-                getattr(callback, name)(trainer, module, checkpoint)
-            except Exception as err:
-                err.add_note(f"raised in callback {type(callback).__name__}.{name}")
-                raise
-    if not module_first and callable(hook):
-        hook(checkpoint)
 
 
 def to_json_safe(value: Any, where: str) -> Any:
@@ -174,7 +153,7 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     directory = Path(path)
     accelerator = trainer.accelerator
     manifest = verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
-    if getattr(trainer, "stage", "fit") not in (None, "fit"):
+    if trainer.stage not in (None, "fit"):
         return _restore_weights(trainer, directory)
     checkpoint = accelerator.load_state(str(directory), manifest=manifest)
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
@@ -186,38 +165,27 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     if open_batch and not loop_state["validation_pending"]:
         loop_state["batches_that_stepped"] += 1  # done now; with a validation pending it closes after that validation
     loop_state["stepping_batch_open"] = open_batch and loop_state["validation_pending"]
-    current = getattr(trainer, "fit_loop_state", None)
-    if isinstance(current, dict):
-        current.clear()
-        current.update(loop_state)
-    else:
-        trainer.fit_loop_state = dict(loop_state)
-    metrics = getattr(trainer, "callback_metrics", None)
-    if isinstance(metrics, dict):
-        metrics.update(checkpoint.get("callback_metrics") or {})
-    results_load = getattr(trainer, "load_results_state_dict", None)
-    if callable(results_load) and "results" in checkpoint:
-        results_load(checkpoint["results"])
-    datamodule = getattr(trainer, "datamodule", None)
-    if datamodule is not None and "datamodule" in checkpoint:
-        datamodule.load_state_dict(checkpoint["datamodule"])
-    module = trainer.lightning_module
-    _call_checkpoint_hooks(trainer, module, list(getattr(trainer, "callbacks", None) or []), "on_load_checkpoint", checkpoint)
+    trainer.fit_loop_state.clear()
+    trainer.fit_loop_state.update(loop_state)
+    trainer.callback_metrics.update(checkpoint.get("callback_metrics") or {})
+    if "results" in checkpoint:
+        trainer.load_results_state_dict(checkpoint["results"])
+    if trainer.datamodule is not None and "datamodule" in checkpoint:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    trainer._dispatch.call("on_load_checkpoint", checkpoint)  # the module, then the callbacks (Lightning's order)
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})  # after the hooks, as Lightning
     return None
 
 
 def _restore_weights(trainer: Trainer, directory: Path) -> None:
     """``validate``/``test``/``predict`` from a checkpoint: load only the model weights."""
-    from strategies.checkpoint_io import load_weights
-
     module = trainer.attached_module
     device = next((p.device for p in module.parameters()), "cpu")
     load_weights(directory, module, device=device, load_full=trainer.accelerator.strategy.load_module_state_dict)
 
 
 def _restore_callback_states(trainer: Trainer, states: dict[str, Any]) -> None:
-    for callback in getattr(trainer, "callbacks", None) or []:
+    for callback in trainer.callbacks:
         state = states.get(callback.state_key)
         if state is not None:
             callback.load_state_dict(state)
@@ -240,26 +208,7 @@ def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- finding
 def default_checkpoint_dir(trainer: Trainer) -> Path:
     """``<project_dir>/checkpoints``: where checkpoints go unless `ModelCheckpoint(dirpath=...)` says otherwise."""
-    return Path(getattr(trainer, "project_dir", None) or ".").absolute() / "checkpoints"
-
-
-def write_last_pointer(dirpath: Path, checkpoint: Path) -> None:
-    """Make ``<dirpath>/last.json`` name `checkpoint` (a directory inside `dirpath`), atomically."""
-    write_json_durably(dirpath / LAST_POINTER_NAME, {"format": FORMAT_NAME, "last": checkpoint.name})
-
-
-def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
-    """The checkpoint that ``<dirpath>/last.json`` names, if it is a complete checkpoint inside `dirpath`."""
-    dirpath = Path(dirpath)
-    try:
-        data = json.loads((dirpath / LAST_POINTER_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    name = data.get("last") if isinstance(data, dict) else None
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
-        return None
-    candidate = dirpath / name
-    return candidate if is_complete_checkpoint(candidate) else None
+    return checkpoint_io.default_checkpoint_dir(trainer.project_dir)
 
 
 def find_last_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
@@ -305,8 +254,8 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
                 candidates.append(((float(manifest.get("global_step", -1)), float(manifest.get("created", 0.0))), found))
         return max(candidates)[1] if candidates else None
     if ckpt_path == "best":
-        callback = getattr(trainer, "checkpoint_callback", None)
-        best = getattr(callback, "best_model_path", "") if callback is not None else ""
+        callback = trainer.checkpoint_callback
+        best = callback.best_model_path if callback is not None else ""
         if not best:
             raise ValueError(
                 "ckpt_path='best' needs a best checkpoint, but "
@@ -333,10 +282,8 @@ def lightning_path(path: Path) -> Path:
 
 
 def _checkpoint_dirs(trainer: Trainer) -> list[Path]:
-    from callbacks.checkpoint import ModelCheckpoint
-
     dirs = [default_checkpoint_dir(trainer)]
-    for callback in getattr(trainer, "callbacks", None) or []:
+    for callback in trainer.callbacks:
         if isinstance(callback, ModelCheckpoint):
             directory = callback.resolve_dirpath(trainer)
             if directory not in dirs:

@@ -1,22 +1,34 @@
-"""Hook dispatch: call one event on the callbacks, then on the module, cheaply (Lightning's order).
+"""Hook dispatch: every event of `callbacks.events` reaches the callbacks and the module through `HookDispatcher`.
 
-The dispatcher is built once per run (`fit`, `validate`, ...). For every event it precomputes the list of
-bound methods to call: each callback's in list order, with callbacks whose class sets ``_runs_last = True``
-(checkpointing) moved behind the others, then the module's hook (without the ``trainer, module`` arguments).
-Objects that do not override a hook are left out, so an unused event costs one dict lookup.
+The rules, Lightning's:
 
-At the end of a training epoch the loop splits the callbacks as Lightning does: those that monitor a metric
-(class attribute ``_monitors_metrics = True``: `ModelCheckpoint`, `EarlyStopping`) run after the module's
-``on_train_epoch_end``, so they see what it logs; the others run before it.
+1. The callbacks run first, in list order, with those whose class sets ``runs_last = True`` (checkpointing) moved
+   behind the others (`order_callbacks`, once, when the Trainer is built); then the module's hook (without the
+   ``trainer, module`` arguments).
+2. ``on_load_checkpoint`` is the exception: the module's hook runs first (`MODULE_FIRST`).
+3. At the end of a training epoch the loop splits the callbacks: those that monitor a metric (class attribute
+   ``monitors_metrics = True``: `ModelCheckpoint`, `EarlyStopping`) run after the module's ``on_train_epoch_end``,
+   so they see what it logs; the others run before it (`HookDispatcher.call_callbacks` with `monitoring`).
+4. Only objects whose class overrides a hook are called (`callbacks.base.overrides`). The dispatcher is built once
+   per run (`fit`, `validate`, ...) and precomputes the bound methods of every event, so an unused event costs one
+   dict lookup; the per-batch events are bound once per epoch (`HookDispatcher.caller`), without the hooks a callback
+   declares idle for it (`Callback.idle_batch_hooks`).
+5. An exception raised in a hook gets a note naming the callback (or the module) and the hook.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from callbacks.base import Callback
+from callbacks.base import Callback, overrides
 from callbacks.events import ALL_EVENTS
+
+if TYPE_CHECKING:
+    from callbacks.view import TrainerView
+
+MODULE_FIRST = frozenset({"on_load_checkpoint"})
+"""Events whose module hook runs before the callbacks' (Lightning restores the module's part first)."""
 
 
 def add_note(err: BaseException, note: str) -> None:
@@ -26,24 +38,9 @@ def add_note(err: BaseException, note: str) -> None:
 
 
 def order_callbacks(callbacks: Iterable[Callback]) -> list[Callback]:
-    """Return `callbacks` in dispatch order: list order, with ``_runs_last`` callbacks moved to the end."""
+    """Return `callbacks` in dispatch order: list order, with ``runs_last`` callbacks moved to the end."""
     callbacks = list(callbacks)
-    first = [cb for cb in callbacks if not getattr(cb, "_runs_last", False)]
-    last = [cb for cb in callbacks if getattr(cb, "_runs_last", False)]
-    return first + last
-
-
-def monitors_metrics(callback: Callback) -> bool:
-    """True for a callback that decides on a logged metric (checkpointing, early stopping): it sets ``_monitors_metrics``."""
-    return bool(getattr(callback, "_monitors_metrics", False))
-
-
-def _overrides(obj: Any, name: str, base: type) -> bool:
-    """True when `obj`'s class defines `name` differently from `base` (or `base` lacks it)."""
-    impl = getattr(type(obj), name, None)
-    if impl is None or not callable(impl):
-        return False
-    return impl is not getattr(base, name, None)
+    return [cb for cb in callbacks if not cb.runs_last] + [cb for cb in callbacks if cb.runs_last]
 
 
 class HookDispatcher:
@@ -52,23 +49,24 @@ class HookDispatcher:
     Args:
         module: the user's module (its hooks take no ``trainer, module`` arguments); None to skip it.
         module_base: the class whose no-op hooks mean "not overridden" for the module.
-        callbacks: callbacks, already in the order they should run (see `order_callbacks`); they run before the module.
+        callbacks: callbacks, already in the order they should run (see `order_callbacks`); they run before the module
+            (after it for the events of `MODULE_FIRST`).
         owner: the object passed as ``trainer`` to callback hooks.
 
     Every way of firing an event goes through a function `_firing` builds, once per event and selection of hooks
     (kept for the run); the per-batch events get theirs from `caller` once per epoch.
     """
 
-    def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: Any) -> None:
+    def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: TrainerView) -> None:
         self.module = module
         self.callbacks = list(callbacks)
         self.owner = owner
         self._module_hooks: dict[str, Callable[..., Any]] = {}
         self._callback_hooks: dict[str, list[tuple[Callback, Callable[..., Any]]]] = {}
         for event in ALL_EVENTS:
-            if module is not None and _overrides(module, event, module_base):
+            if overrides(module, event, module_base):
                 self._module_hooks[event] = getattr(module, event)
-            hooks = [(cb, getattr(cb, event)) for cb in self.callbacks if _overrides(cb, event, Callback)]
+            hooks = [(cb, getattr(cb, event)) for cb in self.callbacks if overrides(cb, event, Callback)]
             if hooks:
                 self._callback_hooks[event] = hooks
         self._fires: dict[tuple[str, str], Callable[..., None]] = {}  # (event, which hooks) -> its firing function
@@ -78,16 +76,17 @@ class HookDispatcher:
         return event in self._module_hooks or event in self._callback_hooks
 
     def call(self, event: str, *args: Any) -> None:
-        """Fire `event`: each callback's hook with ``(owner, module, *args)``, then the module's with ``*args``."""
+        """Fire `event`: each callback's hook with ``(owner, module, *args)``, then the module's with ``*args``
+        (the module's first for the events of `MODULE_FIRST`)."""
         if event in self._callback_hooks or event in self._module_hooks:
             self._fire(event, "all")(*args)
 
     def caller(self, event: str) -> Callable[..., None] | None:
         """A function firing `event` as `call` does, for an event fired every batch of the coming training epoch:
-        its hooks are looked up now, and a callback's hook it declares idle for the epoch (``_idle_batch_hooks``,
+        its hooks are looked up now, and a callback's hook it declares idle for the epoch (``idle_batch_hooks``,
         e.g. `ModelCheckpoint`'s per-batch hook when it saves by epoch only) is left out. None when no hook is left."""
         owner = self.owner
-        callbacks = [(cb, hook) for cb, hook in self._callback_hooks.get(event, ()) if event not in cb._idle_batch_hooks(owner)]
+        callbacks = [(cb, hook) for cb, hook in self._callback_hooks.get(event, ()) if event not in cb.idle_batch_hooks(owner)]
         module_hook = self._module_hooks.get(event)
         if not callbacks and module_hook is None:
             return None
@@ -95,7 +94,7 @@ class HookDispatcher:
 
     def call_callbacks(self, event: str, *args: Any, monitoring: bool | None = None) -> None:
         """Fire `event` on the callbacks only: all of them, or (`monitoring` True/False) only those that do / do not
-        monitor a metric (see `monitors_metrics`)."""
+        monitor a metric (``Callback.monitors_metrics``)."""
         if event in self._callback_hooks:
             self._fire(event, {None: "callbacks", True: "monitoring", False: "not monitoring"}[monitoring])(*args)
 
@@ -110,17 +109,31 @@ class HookDispatcher:
         if fire is None:
             callbacks = [] if which == "module" else self._callback_hooks.get(event, [])
             if which in ("monitoring", "not monitoring"):
-                callbacks = [(cb, hook) for cb, hook in callbacks if monitors_metrics(cb) == (which == "monitoring")]
+                callbacks = [(cb, hook) for cb, hook in callbacks if cb.monitors_metrics == (which == "monitoring")]
             module_hook = self._module_hooks.get(event) if which in ("all", "module") else None
             fire = self._fires[(event, which)] = _firing(event, callbacks, module_hook, self.owner, self.module)
         return fire
 
 
 def _firing(event: str, callbacks: list[tuple[Callback, Callable[..., Any]]], module_hook: Callable[..., Any] | None,
-            owner: Any, module: Any) -> Callable[..., None]:
-    """A function calling each of `callbacks`' hooks with ``(owner, module, *args)``, then `module_hook` with ``*args``;
-    an error raised in one says where in a note ("raised in callback X.event")."""
+            owner: TrainerView, module: Any) -> Callable[..., None]:
+    """A function calling each of `callbacks`' hooks with ``(owner, module, *args)``, then `module_hook` with ``*args``
+    (`module_hook` first for an event of `MODULE_FIRST`); an error raised in one says where in a note ("raised in
+    callback X.event")."""
+    if event in MODULE_FIRST and module_hook is not None:
+        call_module, call_callbacks = _callbacks_then_module(event, [], module_hook, owner, module), _callbacks_then_module(
+            event, callbacks, None, owner, module)
 
+        def module_first(*args: Any) -> None:
+            call_module(*args)
+            call_callbacks(*args)
+
+        return module_first
+    return _callbacks_then_module(event, callbacks, module_hook, owner, module)
+
+
+def _callbacks_then_module(event: str, callbacks: list[tuple[Callback, Callable[..., Any]]], module_hook: Callable[..., Any] | None,
+                           owner: TrainerView, module: Any) -> Callable[..., None]:
     def fire(*args: Any) -> None:
         for callback, hook in callbacks:
             try:

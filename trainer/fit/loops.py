@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from strategies.collectives import apply_to_tensors
 from trainer.fit import preemption
-from trainer.fit.batch import ProfiledTrainBatch, TrainBatch, agree_flags, step_schedulers
+from trainer.fit.batch import ProfiledTrainBatch, TrainBatch, step_schedulers
 from trainer.fit.module import TrainModule
 from trainer.fit.profiler import profile
 from trainer.fit.transfer import moves_batches_itself, transfer_batch
@@ -97,19 +98,20 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         _validate(trainer, val_loaders)
     _close_stepping_batch(state)
     train_batch = TrainBatch(trainer) if trainer.profiler is None else ProfiledTrainBatch(trainer)
+    trainer.agreement.begin_epoch()
     validates, drawn = bool(val_loaders), False
     indices = range(start, int(total)) if math.isfinite(total) else itertools.count(start)
     for batch_idx, batch in zip(indices, batches):  # the indices first: no batch is drawn past the limit
         drawn, last = True, batch_idx + 1 >= total or (stream and loader.end_of_dataloader)
         validate = state["validation_pending"] = validates and _validation_due(trainer, batch_idx, last)  # saved by checkpoints
-        go_on = train_batch(batch, batch_idx, last)
-        if validate and go_on:
-            _validate(trainer, val_loaders)
+        go_on = train_batch(batch, batch_idx, last)  # False: the processes agreed at its end to stop
+        if validate:
+            go_on = not _validate(trainer, val_loaders) and go_on
         state["validation_pending"] = False
         _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
         if not go_on or max_steps_reached(trainer):
             break
-        if trainer.agreed_signal and preemption.due(trainer) and not last:  # at the epoch's end: after it
+        if trainer.agreement.signal and preemption.due(trainer) and not last:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
     if stream and not drawn and start == 0 and total:
         raise ValueError(
@@ -124,11 +126,13 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     return None
 
 
-def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> None:
+def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> bool:
+    """Validate during fit; returns the stop the processes agree on after it (early stopping decides there)."""
     trainer.fit_loop_state["validation_pending"] = False  # a checkpoint written during the validation is past it
     with profile(trainer, "validation"):
         eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)
     trainer.attached_module.train()
+    return trainer.agreement.agree(trainer)
 
 
 def _close_stepping_batch(state: dict[str, Any]) -> None:
@@ -186,23 +190,12 @@ def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
     state["epoch"] += 1
     state["batches_done_in_epoch"] = 0
     state["is_last_batch"] = False
-    agree_flags(trainer, False)  # every process learns whether one of them asked to stop
+    trainer.agreement.agree(trainer)  # every process learns whether one of them asked to stop
 
 
 def _validation_due(trainer: Trainer, batch_idx: int, last: bool) -> bool:
-    """Validate after batch `batch_idx` (`last`: the epoch's last)? Every ``val_check_interval`` batches, else at the
-    epoch's end. A stream (no length) takes an int interval or 1.0 (its end); an int interval on it validates every
-    that many batches only, as in Lightning."""
-    if (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch:
-        return False
-    interval, total = trainer.val_check_interval, trainer.num_training_batches
-    if isinstance(interval, float):
-        if math.isinf(total):
-            return last  # 1.0: the end of the stream (other fractions were refused)
-        interval = max(1, int(total * interval))
-    if interval is None or interval >= total:
-        return last
-    return (batch_idx + 1) % interval == 0
+    """Validate after batch `batch_idx` (`last`: the epoch's last)? The trainer's `ValidationSchedule` says."""
+    return trainer.validation_schedule.due(trainer.current_epoch, batch_idx, last)
 
 
 # ---------------------------------------------------------------------------------------- evaluation
@@ -236,9 +229,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     results.set_context(stage, False)
     results.enabled = stage != "predict"
     predictions: list[list[tuple[int, int, Any]]] = [[] for _ in loaders]
-    # Lightning's inference_mode=True; a sharded strategy's gathers and XLA need plain no_grad
-    no_grad = torch.inference_mode if trainer._args.inference_mode and not strategy.sharded and strategy.name != "xla" else torch.no_grad
-    with no_grad(), gathered:
+    with strategy.evaluation_context(trainer._args.inference_mode), gathered:  # Lightning's inference_mode=True
         call(f"on_{stage}_start")
         call(f"on_{stage}_epoch_start")
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
@@ -337,16 +328,11 @@ def unshuffled(loader: Any, kind: str) -> Any:
             or isinstance(loader.dataset, torch.utils.data.IterableDataset)):
         return loader
     warnings.warn(f"overfit_batches reads the {kind} dataloader in order: its shuffling is turned off (as Lightning does)", stacklevel=4)
-    from strategies.data import _carried_kwargs
+    from strategies.data import _carried_kwargs  # lazy: `from trainer import Trainer` does not load strategies.data
 
     return torch.utils.data.DataLoader(
         loader.dataset, batch_size=loader.batch_size, shuffle=False, drop_last=loader.drop_last, **_carried_kwargs(loader)
     )
-
-
-def overrides(module: TrainModule, name: str) -> bool:
-    """True when `module`'s class defines `name` itself (e.g. ``validation_step``)."""
-    return getattr(type(module), name, None) is not getattr(TrainModule, name, None)
 
 
 def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
@@ -378,6 +364,4 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
 
 
 def _to_cpu(output: Any) -> Any:
-    from strategies.collectives import apply_to_tensors
-
     return apply_to_tensors(lambda t: t.detach().cpu(), output)

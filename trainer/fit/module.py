@@ -13,10 +13,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from callbacks.view import TrainerView
 
 _INTERVALS = ("step", "epoch")
 
@@ -158,7 +161,7 @@ class ManualOptimizer:
     Every ``step()`` call advances ``trainer.global_step``, as in Lightning.
     """
 
-    def __init__(self, optimizer: Any, trainer: Any) -> None:
+    def __init__(self, optimizer: Any, trainer: TrainerView) -> None:
         self.optimizer = optimizer
         self._trainer = trainer
 
@@ -168,18 +171,7 @@ class ManualOptimizer:
         Calls ``on_before_optimizer_step(optimizer)`` on the callbacks and the module first, as Lightning does;
         with a `closure`, after the closure ran (inside the optimizer's step), as Lightning's precision plugin does.
         """
-        dispatch = self._trainer._dispatch
-        if closure is None:
-            dispatch.call("on_before_optimizer_step", self)
-            self.optimizer.step()
-        else:
-            def closure_then_hook() -> Any:
-                result = closure()
-                dispatch.call("on_before_optimizer_step", self)
-                return result
-
-            self.optimizer.step(closure=closure_then_hook)
-        self._trainer.fit_loop_state["global_step"] += 1
+        self._trainer.step_manual_optimizer(self, closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -203,20 +195,20 @@ class TrainModule(nn.Module):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: Any = None
+        self._trainer: TrainerView | None = None
         self.hparams: AttributeDict = AttributeDict()
         self._toggled: dict[int, bool] = {}
 
     # run context
     @property
-    def trainer(self) -> Any:
-        """The `Trainer` running this module (raises outside a run)."""
+    def trainer(self) -> TrainerView:
+        """The `Trainer` running this module (raises outside a run); what it offers is `callbacks.view.TrainerView`."""
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) (or validate/test/predict) first")
         return self._trainer
 
     @trainer.setter
-    def trainer(self, trainer: Any) -> None:
+    def trainer(self, trainer: TrainerView | None) -> None:
         object.__setattr__(self, "_trainer", trainer)
 
     @property
@@ -326,7 +318,7 @@ class TrainModule(nn.Module):
         if trainer is None:
             trainer = self.trainer  # raises: not attached
         # positional: keyword passing costs
-        trainer._results.log(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size, add_dataloader_idx)
+        trainer.log_value(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size, add_dataloader_idx)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` every item of `dictionary` with the same keyword arguments."""
@@ -343,7 +335,7 @@ class TrainModule(nn.Module):
         trainer = self.trainer
         if trainer.world_size == 1:
             return data
-        from strategies.collectives import apply_to_tensors
+        from strategies.collectives import apply_to_tensors  # lazy: `from trainer import TrainModule` loads no strategies module
 
         return apply_to_tensors(lambda t: trainer.accelerator.gather(t.unsqueeze(0)), data)
 
@@ -365,7 +357,7 @@ class TrainModule(nn.Module):
         """Backward for manual optimization (through the Accelerator: loss scaling, DDP sync)."""
         if self.automatic_optimization:
             raise RuntimeError("manual_backward is for manual optimization; set self.automatic_optimization = False in __init__")
-        self.trainer._manual_backward(loss, **kwargs)
+        self.trainer.manual_backward(loss, **kwargs)
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm") -> None:
         """Clip the gradients of `optimizer`'s parameters (manual optimization)."""
@@ -450,7 +442,7 @@ class TrainModule(nn.Module):
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Move the batch to `device` (default: every tensor in nested lists, tuples, dicts, dataclasses); return it."""
-        from strategies.data import send_to_device
+        from strategies.data import send_to_device  # lazy: `from trainer import TrainModule` loads no strategies module
 
         return send_to_device(batch, device)
 
@@ -498,6 +490,7 @@ class TrainModule(nn.Module):
             strict: require the checkpoint's keys to match the module's exactly.
             overrides: constructor arguments that replace saved hyperparameters.
         """
+        # lazy: `from trainer import TrainModule` loads no strategies module
         from strategies.checkpoint_io import load_weights
         from trainer.fit import checkpointing
 

@@ -13,25 +13,38 @@ the `Accelerator`'s; nothing here reimplements them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from callbacks.base import Callback
+from callbacks.base import Callback, overrides
+from callbacks.view import ValidationSchedule
+from strategies.abilities import Engine
+from strategies.checkpoint_io import load_weights
 from strategies.compile import recompile_with, unwrap_compiled
 from trainer.fit import loops, preemption
+from trainer.fit.agreement import LoopAgreement
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
+from trainer.fit.checkpointing import resolve_ckpt_path, restore_checkpoint, save_checkpoint, verify_checkpoint
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.profiler import ProfiledDispatcher, SimpleProfiler, profile
 from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
+
+if TYPE_CHECKING:
+    from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.view import TrainerView
+    from strategies.base import Strategy
+    from trainer.accelerator.accelerator import Accelerator
+    from trainer.fit.module import ManualOptimizer
 
 
 class Trainer:
@@ -98,6 +111,10 @@ class Trainer:
         compile: compile the module after the strategy set it up (sharded, activation-checkpointed): ``True`` (inductor,
             the whole forward), a `TorchDynamoPlugin` (``use_regional_compilation=True`` compiles each repeated block), or
             a dict of its fields. ``fit(torch.compile(module))`` does the same for the whole forward.
+        stop_check_interval: with several processes, how often during training they agree on stopping
+            (``trainer.should_stop`` set on any of them) and on a preemption signal: seconds (a float, default 1.0) or
+            batches (an int; 1: every batch). They also agree after each validation and at each epoch's end; nothing is
+            reduced in between, so a step makes no collective of its own. See `trainer.fit.agreement`.
     """
 
     def __init__(
@@ -143,12 +160,14 @@ class Trainer:
         benchmark: bool | None = None,
         profiler: str | None = None,
         compile: Any = None,
+        stop_check_interval: int | float = 1.0,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
         self.max_epochs, self.max_steps = args.max_epochs, args.max_steps
         self.gradient_clip_val, self.gradient_clip_algorithm = args.gradient_clip_val, args.gradient_clip_algorithm
-        self.val_check_interval, self.check_val_every_n_epoch = args.val_check_interval, args.check_val_every_n_epoch
+        # when fit validates (read by the loop and by ModelCheckpoint/EarlyStopping); the epoch's length is set by fit
+        self.validation_schedule = ValidationSchedule(args.val_check_interval, args.check_val_every_n_epoch)
         self.num_sanity_val_steps, self.log_every_n_steps = args.num_sanity_val_steps, args.log_every_n_steps
         self.project_dir = str(Path(args.project_dir))
         self.fit_loop_state: dict[str, Any] = loops.new_loop_state()
@@ -157,8 +176,6 @@ class Trainer:
         self.training = False
         self.optimizers: list[Any] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
-        # batches per epoch on this process, after limits; float("inf") for a loader without a length (a stream)
-        self.num_training_batches: int | float = 0
         self.num_val_batches: int | float | list[int | float] = 0  # a list with several loaders (one count each)
         self.num_test_batches: int | float | list[int | float] = 0
         self.num_predict_batches: int | float | list[int | float] = 0
@@ -169,10 +186,7 @@ class Trainer:
         self._train_loader: Any = None
         self._warned_skip = False  # training_step returned None: warned once per fit
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
-        self.received_signal = 0  # a preemption signal this process received during fit (trainer.fit.preemption)
-        self.agreed_nonfinite = False  # the processes agreed this batch has a non-finite loss (on_nonfinite)
-        self.nonfinite_skipped = 0
-        self.agreed_signal = 0  # ... and the one every process agreed on
+        self.nonfinite_skipped = 0  # batches skipped for a non-finite loss (on_nonfinite="skip")
         # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
         # the on_step values logged in validation_step/test_step, as Lightning's
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
@@ -182,26 +196,30 @@ class Trainer:
         if args.benchmark is not None:
             torch.backends.cudnn.benchmark = args.benchmark
         if args.seed is not None:
-            from trainer.utils import set_seed
+            from trainer.utils import set_seed  # lazy: trainer.utils loads the tracker modules; only a seeded run needs it
 
             set_seed(args.seed, deterministic=args.deterministic)
         elif args.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.accelerator: Any = None if args.launch_processes else build_accelerator(args)
-        self.accumulate_grad_batches = self.accelerator.gradient_accumulation_steps if self.accelerator else args.accumulate_grad_batches
-        if args.sync_batchnorm and self.accelerator is not None and self.world_size > 1 and self.accelerator.device.type == "cpu":
+        # None in a plain process that starts the processes it asks for at fit() (`accelerator` raises there)
+        self._accelerator: Accelerator | None = None if args.launch_processes else build_accelerator(args)
+        acc = self._accelerator
+        self.accumulate_grad_batches = acc.gradient_accumulation_steps if acc is not None else args.accumulate_grad_batches
+        if args.sync_batchnorm and acc is not None and self.world_size > 1 and acc.device.type == "cpu":
             raise ValueError(
                 f"sync_batchnorm=True on {self.world_size} CPU processes: torch's SyncBatchNorm runs on GPUs only; "
                 "pass sync_batchnorm=False (each process normalizes its own batch) or run on GPUs"
             )
         self.callbacks: list[Callback] = order_callbacks(default_callbacks(args))
-        self._dispatch = HookDispatcher(None, TrainModule, self.callbacks, self)  # replaced with the module's in _attach
-        self._results = ResultsStore(
-            device=self.accelerator.device if self.accelerator else torch.device("cpu"),
+        self._dispatch: HookDispatcher = HookDispatcher(None, TrainModule, self.callbacks, self)  # replaced with the module's in _attach
+        self.agreement: LoopAgreement = self._new_agreement()  # stop and preemption, agreed across processes (trainer.fit.agreement)
+        self._results: ResultsStore = ResultsStore(
+            device=acc.device if acc is not None else torch.device("cpu"),
             reduce=lambda t, op: self.accelerator.reduce(t, op),
             gather_object=lambda obj: self.accelerator.gather_object(obj),
             world_size=self.world_size,
         )
+        self.log_value = self._results.log  # what TrainModule.log calls, every step: bound once
 
     # ------------------------------------------------------------------------------------ attributes
     @property
@@ -217,20 +235,48 @@ class Trainer:
         return self.lightning_module
 
     @property
-    def strategy(self) -> Any:
-        return self.accelerator.strategy if self.accelerator else None
+    def accelerator(self) -> Accelerator:
+        """The `Accelerator` this Trainer drives (device, strategy, collectives, checkpoint I/O)."""
+        if self._accelerator is None:
+            raise RuntimeError(
+                f"this Trainer asks for {self._args.devices} processes, which start at trainer.fit(): it has no Accelerator "
+                "before that. Start the script with `trainer launch` or torchrun to have one from the start"
+            )
+        return self._accelerator
+
+    @property
+    def strategy(self) -> Strategy:
+        """The `Strategy` of the run: its collectives (``broadcast_object``, ...) work on every process."""
+        return self.accelerator.strategy
 
     @property
     def world_size(self) -> int:
-        return self.accelerator.num_processes if self.accelerator else 1
+        return self._accelerator.num_processes if self._accelerator is not None else 1
 
     @property
     def global_rank(self) -> int:
-        return self.accelerator.process_index if self.accelerator else 0
+        return self._accelerator.process_index if self._accelerator is not None else 0
 
     @property
     def local_rank(self) -> int:
-        return self.accelerator.local_process_index if self.accelerator else 0
+        return self._accelerator.local_process_index if self._accelerator is not None else 0
+
+    @property
+    def val_check_interval(self) -> int | float | None:
+        return self.validation_schedule.val_check_interval
+
+    @property
+    def check_val_every_n_epoch(self) -> int:
+        return self.validation_schedule.check_val_every_n_epoch
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Training batches per epoch on this process, after limits; ``float("inf")`` for a loader without a length (a stream)."""
+        return self.validation_schedule.num_training_batches
+
+    @num_training_batches.setter
+    def num_training_batches(self, value: int | float) -> None:
+        self.validation_schedule = dataclasses.replace(self.validation_schedule, num_training_batches=value)
 
     @property
     def is_global_zero(self) -> bool:
@@ -275,14 +321,16 @@ class Trainer:
         return self._results.progress_bar_metrics
 
     @property
-    def checkpoint_callback(self) -> Any:
-        """The first `ModelCheckpoint` callback, or None."""
-        return next((cb for cb in self.callbacks if type(cb).__name__ == "ModelCheckpoint"), None)
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first `ModelCheckpoint` callback (or subclass), or None."""
+        from callbacks.checkpoint import ModelCheckpoint  # lazy: `from trainer import Trainer` loads no built-in callback
+
+        return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
     @property
     def loggers(self) -> list[Any]:
         """The trackers among the callbacks (Lightning's ``trainer.loggers``: ``CSVLogger``, ``TensorBoardLogger``, ...)."""
-        from callbacks.trackers import GeneralTracker
+        from callbacks.trackers import GeneralTracker  # lazy: `from trainer import Trainer` loads no tracker module
 
         return [cb for cb in self.callbacks if isinstance(cb, GeneralTracker)]
 
@@ -323,8 +371,6 @@ class Trainer:
 
     def save_checkpoint(self, dirpath: str | os.PathLike[str]) -> Path:
         """Write a complete checkpoint directory, atomically. Every process must call it."""
-        from trainer.fit.checkpointing import save_checkpoint
-
         return save_checkpoint(self, dirpath)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -369,7 +415,7 @@ class Trainer:
         """
         _one_data_source(datamodule, train_dataloaders, val_dataloaders)
         module = self._unwrap_compiled(module)
-        if self.accelerator is None:
+        if self._accelerator is None:
             launch_processes(self._args)
         if self.profiler is not None:
             self.profiler.reset()
@@ -466,7 +512,7 @@ class Trainer:
 
     def _fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
         """The sharded validation loaders of a fit, or None when there is nothing to validate."""
-        val = loops.loader_from(module, "val", val_dataloaders, required=False) if loops.overrides(module, "validation_step") else None
+        val = loops.loader_from(module, "val", val_dataloaders, required=False) if overrides(module, "validation_step", TrainModule) else None
         if val_dataloaders is not None and val is None:
             warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
         limit = self._args.limit_val_batches
@@ -479,7 +525,7 @@ class Trainer:
     def _configure_optimizers(self, module: TrainModule) -> None:
         """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
         strategy = self.accelerator.strategy
-        joint = strategy.joint_setup  # an engine (DeepSpeed) takes the module and its optimizer in one setup
+        joint = isinstance(strategy, Engine)  # an engine (DeepSpeed) takes the module and its optimizer in one setup
         if joint and self._prepared_for == id(module):
             raise RuntimeError(
                 f"strategy={strategy.name!r} set this module up in an earlier fit; its engine cannot take new optimizers. "
@@ -533,7 +579,7 @@ class Trainer:
         ``reset_parameters()``; see docs/strategies.md). DeepSpeed ZeRO-3: partitioned as it is built.
         ``empty_init=False`` asks for a full real copy on every process, ``True`` for an empty one.
         """
-        if self.accelerator is None:
+        if self._accelerator is None:
             raise RuntimeError(
                 f"trainer.init_module() needs the {self._args.devices} processes this Trainer asks for, which start at fit(); "
                 "start the script with `trainer launch` or torchrun, or build the model in TrainModule.configure_model()"
@@ -543,7 +589,7 @@ class Trainer:
 
     def _configure_model(self, module: TrainModule) -> None:
         """Lightning's ``configure_model`` hook, once per run before the module is set up, in the strategy's init context."""
-        if type(module).configure_model is TrainModule.configure_model:
+        if not overrides(module, "configure_model", TrainModule):
             return
         with self.accelerator.strategy.module_init_context():
             module.configure_model()
@@ -554,8 +600,6 @@ class Trainer:
             torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
     def _restore(self, ckpt_path: str | None) -> None:
-        from trainer.fit.checkpointing import resolve_ckpt_path, restore_checkpoint
-
         path = resolve_ckpt_path(self, ckpt_path)
         if path is not None:
             restore_checkpoint(self, path)
@@ -569,7 +613,7 @@ class Trainer:
         name = f"limit_{kind}_batches"
         limits = [loops.limit_batches(loops.num_batches(loader), getattr(self._args, name), name) for loader in loaders]
         setattr(self, f"num_{kind}_batches", _one_or_list(limits))
-        if self._prepared_for != id(module) and self.accelerator.strategy.joint_setup:
+        if self._prepared_for != id(module) and isinstance(self.accelerator.strategy, Engine):
             # before any fit: an engine set up now could not take the optimizers of a later fit, so evaluate the plain module
             self._model = self.accelerator.strategy.setup_module(module, wrap=False)
         elif self._prepared_for != id(module):
@@ -586,9 +630,6 @@ class Trainer:
 
     def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
-        from strategies.checkpoint_io import load_weights
-        from trainer.fit.checkpointing import resolve_ckpt_path, verify_checkpoint
-
         path = resolve_ckpt_path(self, ckpt_path)
         if path is None:
             raise ValueError(f"ckpt_path={ckpt_path!r} found no checkpoint; fit first or pass a checkpoint directory")
@@ -598,7 +639,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ run plumbing
     def _run(self, stage: str, module: TrainModule | None, body: Any, datamodule: Any = None) -> Any:
-        if self.accelerator is None:
+        if self._accelerator is None:
             raise RuntimeError(
                 f"trainer.{stage}() cannot start the {self._args.devices} processes this Trainer asks for; call trainer.fit() "
                 "first (it re-runs the script on every process), or start the script with `trainer launch` or torchrun"
@@ -609,8 +650,9 @@ class Trainer:
         self._attach(module, stage)
         self._eval_batches_seen = {}
         setup_stage = "fit" if stage == "fit" else stage
-        self.received_signal = self.agreed_signal = 0
-        handlers = preemption.install(self) if stage == "fit" else {}
+        self.agreement = self._new_agreement()
+        if stage == "fit":  # SIGTERM/SIGUSR1 are recorded, then agreed on and answered by a checkpoint (trainer.fit.preemption)
+            self.agreement.signals.install(keep_user_handlers=True, first_wins=True)
         self.datamodule = datamodule
         try:
             if datamodule is not None:
@@ -623,7 +665,7 @@ class Trainer:
             self._teardown(setup_stage)
             raise
         finally:
-            preemption.restore(handlers)
+            self.agreement.signals.restore()
         self._teardown(setup_stage)
         return result
 
@@ -645,6 +687,11 @@ class Trainer:
         self.stage, self.training, self.sanity_checking = None, False, False
         self.accelerator.sync_gradients = True
 
+    def _new_agreement(self) -> LoopAgreement:
+        acc = self._accelerator
+        return LoopAgreement(world_size=self.world_size, interval=self._args.stop_check_interval,
+                             reduce=acc.reduce if acc is not None else _no_reduce, device=acc.device if acc is not None else torch.device("cpu"))
+
     def _attach(self, module: TrainModule, stage: str) -> None:
         self.lightning_module, self.stage = module, stage
         module.trainer = self
@@ -654,7 +701,7 @@ class Trainer:
                 f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
-        ignored = [hook for hook in ("optimizer_step", "optimizer_zero_grad") if callable(getattr(type(module), hook, None))]
+        ignored = [hook for hook in ("optimizer_step", "optimizer_zero_grad") if overrides(module, hook, TrainModule)]
         if stage == "fit" and module.automatic_optimization and ignored:  # Lightning calls them; this loop never would
             raise NotImplementedError(
                 f"{type(module).__name__} defines {' and '.join(h + '()' for h in ignored)}, Lightning hooks this Trainer does not "
@@ -668,8 +715,9 @@ class Trainer:
         else:
             self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
 
-    def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backward for manual optimization, between ``on_before_backward``/``on_after_backward`` as in automatic optimization.
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``TrainModule.manual_backward``: backward between ``on_before_backward``/``on_after_backward``, as in automatic
+        optimization.
 
         The step ran outside the wrapper's forward, so the strategy arms its gradient sync first.
         """
@@ -678,6 +726,23 @@ class Trainer:
         with profile(self, "backward"):
             self.accelerator.backward(loss, **kwargs)
         self._dispatch.call("on_after_backward")
+
+    def step_manual_optimizer(self, optimizer: ManualOptimizer, closure: Callable[[], Any] | None = None) -> None:
+        """``opt.step(closure)`` in manual optimization: ``on_before_optimizer_step(opt)`` on the callbacks and the module,
+        the prepared optimizer's step, and one more `global_step`, as in Lightning. With a `closure` the hook runs after it
+        (inside the optimizer's step), as Lightning's precision plugin does."""
+        dispatch = self._dispatch
+        if closure is None:
+            dispatch.call("on_before_optimizer_step", optimizer)
+            optimizer.optimizer.step()
+        else:
+            def closure_then_hook() -> Any:
+                result = closure()
+                dispatch.call("on_before_optimizer_step", optimizer)
+                return result
+
+            optimizer.optimizer.step(closure=closure_then_hook)
+        self.fit_loop_state["global_step"] += 1
 
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
         """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
@@ -690,6 +755,15 @@ class Trainer:
 
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
+
+def _no_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    raise RuntimeError("this Trainer has not started its processes; call trainer.fit() first")
+
+
+if TYPE_CHECKING:
+    def _satisfies_the_view(trainer: Trainer) -> TrainerView:
+        return trainer  # mypy checks here that a Trainer has everything callbacks and the module may use
+
 
 def _one_or_list(limits: list[int | float]) -> int | float | list[int | float]:
     """``num_val_batches`` and friends: the count of one loader (0 without any), or one count per loader."""

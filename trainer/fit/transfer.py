@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from callbacks.base import overrides
 from trainer.fit.datamodule import DataModule
 from trainer.fit.module import TrainModule
 
@@ -17,13 +18,9 @@ if TYPE_CHECKING:
 _TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
-def _overrides(obj: Any, base: type, name: str) -> bool:
-    return obj is not None and getattr(type(obj), name, None) is not getattr(base, name)
-
-
 def _transfer_hook(trainer: Trainer, name: str) -> Any:
     """The DataModule's batch-transfer hook `name` when its class overrides it, else the module's (as Lightning)."""
-    if _overrides(trainer.datamodule, DataModule, name):
+    if overrides(trainer.datamodule, name, DataModule):
         return getattr(trainer.datamodule, name)
     return getattr(trainer.attached_module, name)
 
@@ -32,7 +29,7 @@ def moves_batches_itself(trainer: Trainer) -> bool:
     """True when the module or the DataModule overrides a batch-transfer hook: the loaders then leave batches where
     they are, and `transfer_batch` moves them."""
     return any(
-        _overrides(trainer.attached_module, TrainModule, name) or _overrides(trainer.datamodule, DataModule, name)
+        overrides(trainer.attached_module, name, TrainModule) or overrides(trainer.datamodule, name, DataModule)
         for name in _TRANSFER_HOOKS
     )
 

@@ -1,0 +1,27 @@
+"""Optional abilities of a strategy, as small interfaces (after Lightning Fabric's ``_BackwardSyncControl``/``_Sharded``).
+
+A face asks ``isinstance(strategy, Engine)`` once, where it sets things up, instead of reading a flag.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+
+class Engine(ABC):
+    """A training engine that builds the module and its optimizer in one call and steps inside its own backward.
+
+    DeepSpeed's: the faces build the optimizers on the plain module first and hand both to
+    `setup_module_and_optimizers` (a model alone cannot be set up); on an accumulation boundary the engine's
+    ``backward`` reduces, clips, steps and zeroes, so ``optimizer_step`` only reports whether the step applied, and a
+    learning-rate schedule advances once per optimizer step.
+    """
+
+    @abstractmethod
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: list[torch.optim.Optimizer], *, move: bool = True, batch_size: int | None = None,
+    ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
+        """Build the engine around `module` and `optimizers`; returns what to call and what to step."""
