@@ -20,6 +20,7 @@ _EXPORTS = {
     "Timer": "callbacks.timer",
     "ThroughputMonitor": "callbacks.throughput",
     "OnExceptionCheckpoint": "callbacks.on_exception",
+    "LambdaCallback": "callbacks.lambda_function",
 }
 
 __all__ = ["Callback", *sorted(_EXPORTS)]

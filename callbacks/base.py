@@ -11,11 +11,14 @@ if TYPE_CHECKING:
 
 
 def overrides(obj: object, name: str, base: type) -> bool:
-    """True when `obj`'s class has a method `name` other than `base`'s (or `base` has none); False for None.
+    """True when `obj`'s class has a method `name` other than `base`'s (or `base` has none), or `obj` itself holds a
+    function under `name` (`LambdaCallback`, ``module.test_step = module.validation_step``); False for None.
 
     What the dispatcher calls (only overridden hooks run) and what the loops ask of a module (``validation_step``,
     the batch-transfer hooks, ...).
     """
+    if callable(getattr(obj, "__dict__", {}).get(name)):
+        return True
     impl = getattr(type(obj), name, None)
     return impl is not None and callable(impl) and impl is not getattr(base, name, None)
 

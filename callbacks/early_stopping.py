@@ -20,17 +20,22 @@ class EarlyStopping(Callback):
     `check_on_train_epoch_end`). It also stops at once when the metric is not finite (`check_finite`),
     reaches `stopping_threshold`, or passes `divergence_threshold`.
 
+    The parameters are Lightning's, in Lightning's order (``EarlyStopping("val_loss", 0.0, 3)`` works).
+
     Args:
         monitor: the metric to watch (a key of ``trainer.callback_metrics``).
-        mode: ``"min"`` or ``"max"``: whether lower or higher is better.
         min_delta: the smallest change that counts as an improvement.
         patience: how many checks without improvement to allow before stopping.
+        verbose: print each check's outcome (an improvement, or why training stops), on every process, prefixed
+            with ``[rank: N]`` when there are several.
+        mode: ``"min"`` or ``"max"``: whether lower or higher is better.
+        strict: raise when `monitor` was never logged (False: warn and skip the check).
         check_finite: stop when the metric becomes NaN or infinite.
         stopping_threshold: stop as soon as the metric is at least this good.
         divergence_threshold: stop as soon as the metric is worse than this.
         check_on_train_epoch_end: check at the end of the training epoch (True) or after validation (False);
             default: at epoch end when validation runs once per epoch or not at all, else after validation.
-        strict: raise when `monitor` was never logged (False: warn and skip the check).
+        log_rank_zero_only: with `verbose`, print on global rank 0 only.
 
     Raises:
         ValueError: on an invalid argument.
@@ -41,15 +46,16 @@ class EarlyStopping(Callback):
     def __init__(
         self,
         monitor: str,
-        *,
-        mode: str = "min",
         min_delta: float = 0.0,
         patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
         check_finite: bool = True,
         stopping_threshold: float | None = None,
         divergence_threshold: float | None = None,
         check_on_train_epoch_end: bool | None = None,
-        strict: bool = True,
+        log_rank_zero_only: bool = False,
     ) -> None:
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"EarlyStopping(monitor={monitor!r}) needs the name of a logged metric, e.g. monitor='val_loss'")
@@ -59,6 +65,9 @@ class EarlyStopping(Callback):
             raise ValueError(f"EarlyStopping(patience={patience!r}) must be an int >= 0")
         if not math.isfinite(min_delta):
             raise ValueError(f"EarlyStopping(min_delta={min_delta!r}) must be a finite number")
+        for name, flag in (("verbose", verbose), ("log_rank_zero_only", log_rank_zero_only)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"EarlyStopping({name}={flag!r}) must be True or False")
         self.monitor = monitor
         self.mode = mode
         self.min_delta = abs(float(min_delta))
@@ -68,6 +77,8 @@ class EarlyStopping(Callback):
         self.divergence_threshold = divergence_threshold
         self.check_on_train_epoch_end = check_on_train_epoch_end
         self.strict = strict
+        self.verbose = verbose
+        self.log_rank_zero_only = log_rank_zero_only
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = math.inf if mode == "min" else -math.inf
@@ -127,14 +138,23 @@ class EarlyStopping(Callback):
             self.stopped_epoch = int(trainer.current_epoch)
             self.stopping_reason = reason
             trainer.should_stop = True
-            trainer.print(f"EarlyStopping: {reason}")  # on the main process only
+        if reason and self.verbose:
+            self._log_info(trainer, reason)
+
+    def _log_info(self, trainer: TrainerView, message: str) -> None:
+        """Lightning's ``verbose`` output: every process speaks (rank-prefixed) unless `log_rank_zero_only`."""
+        if trainer.world_size > 1:
+            if self.log_rank_zero_only and not trainer.is_global_zero:
+                return
+            message = f"[rank: {trainer.global_rank}] {message}"
+        print(message, flush=True)
 
     # ----------------------------------------------------------------------------------- rule
     def _better(self, a: float, b: float) -> bool:
         return a < b if self.mode == "min" else a > b
 
     def evaluate(self, current: float) -> tuple[bool, str | None]:
-        """Update the counters with `current`; return whether to stop and why."""
+        """Update the counters with `current`; return whether to stop, and why it stops or what improved."""
         if self.check_finite and not math.isfinite(current):
             return True, (
                 f"monitored metric {self.monitor} = {current} is not finite; previous best was {self.best_score:.3f}. "
@@ -149,9 +169,16 @@ class EarlyStopping(Callback):
             )
         step = -self.min_delta if self.mode == "min" else self.min_delta
         if self._better(current, self.best_score + step):
+            if math.isfinite(self.best_score):
+                improved = (
+                    f"Metric {self.monitor} improved by {abs(self.best_score - current):.3f} >= "
+                    f"min_delta = {self.min_delta}. New best score: {current:.3f}"
+                )
+            else:
+                improved = f"Metric {self.monitor} improved. New best score: {current:.3f}"
             self.best_score = current
             self.wait_count = 0
-            return False, None
+            return False, improved
         self.wait_count += 1
         if self.wait_count >= self.patience:
             return True, (

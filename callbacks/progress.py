@@ -152,6 +152,7 @@ class ProgressBar(Callback):
             number = _to_float(value)
             if number is not None:
                 shown[name] = number
+        trainer.warn_if_nonfinite(shown)  # values read for the bar anyway: a NaN loss does not train on silently
         return shown
 
     # training

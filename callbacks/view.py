@@ -186,6 +186,9 @@ class TrainerView(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log values computed outside ``self.log`` (a callback's learning rates, throughput, ...)."""
 
+    def warn_if_nonfinite(self, values: dict[str, float]) -> None:
+        """Warn once per fit when a training value already read to the host (logged, shown) is NaN or inf."""
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the global main process only."""
 
@@ -215,7 +218,8 @@ class TrainerView(Protocol):
     def log_value(
         self, name: str, value: Any, on_step: bool | None = None, on_epoch: bool | None = None, prog_bar: bool = False,
         logger: bool = True, sync_dist: bool = False, reduce_fx: Any = "mean", batch_size: int | None = None,
-        add_dataloader_idx: bool = True,
+        add_dataloader_idx: bool = True, enable_graph: bool = False, sync_dist_group: Any = None,
+        metric_attribute: str | None = None, rank_zero_only: bool = False,
     ) -> None:
         """What ``self.log`` records (``TrainModule.log`` has the semantics); it passes the arguments positionally."""
 

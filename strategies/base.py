@@ -8,6 +8,7 @@ plain functions (`strategies.collectives`).
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -293,14 +294,20 @@ class Strategy:
         for i, opt in enumerate(optimizers):
             writer.save_torch(checkpoint_io.indexed("optimizer", i, "bin"), opt.state_dict())
 
-    def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+    def load_checkpoint(
+        self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer], *, strict: bool = True,
+    ) -> None:
         """Restore what `save_checkpoint` wrote, by this or another strategy, in any process count.
 
         Sharded states (an FSDP checkpoint) are resharded by `torch.distributed.checkpoint` into whatever
-        these models are; full ones load on every rank.
+        these models are; full ones load on every rank. Every file is read through `reader`, which checks it
+        against the manifest in the same pass (a bare directory path reads them unchecked).
         """
+        reader = reader if isinstance(reader, checkpoint_io.CheckpointReader) else checkpoint_io.CheckpointReader(reader)
+        path = reader.directory
         if checkpoint_io.is_sharded(path):
-            checkpoint_io.load_sharded(path / checkpoint_io.SHARDED_DIR, models, optimizers, strict=strict)
+            checkpoint_io.load_sharded(reader, models, optimizers, strict=strict)
             return
         if optimizers and (path / checkpoint_io.DEEPSPEED_DIR).is_dir():
             raise checkpoint_io.CheckpointError(
@@ -309,13 +316,14 @@ class Strategy:
                 "strategy='deepspeed', or start from its weights alone (model.safetensors: TrainModule.load_from_checkpoint, "
                 "or strategies.checkpoint_io.load_weights(directory, model))"
             )
-        sources = [path / checkpoint_io.indexed("model", i, "safetensors") for i in range(len(models))]
+        sources = [checkpoint_io.indexed("model", i, "safetensors") for i in range(len(models))]
         for model, source in zip(models, sources):  # every model is checked (from the file headers) before any is changed
-            checkpoint_io.check_state_fits(checkpoint_io.safetensors_shapes(source), self.unwrap_module(model), source, strict=strict)
+            shapes = checkpoint_io.safetensors_shapes(path / source)
+            checkpoint_io.check_state_fits(shapes, self.unwrap_module(model), path / source, strict=strict)
         for model, source in zip(models, sources):
-            self.load_module_state_dict(model, checkpoint_io.load_safetensors(source), strict=strict)
+            self.load_module_state_dict(model, reader.load_safetensors(source), strict=strict)
         for i, opt in enumerate(optimizers):
-            opt.load_state_dict(checkpoint_io.torch_load(path / checkpoint_io.indexed("optimizer", i, "bin"), map_location=self.device))
+            opt.load_state_dict(reader.torch_load(checkpoint_io.indexed("optimizer", i, "bin"), map_location=self.device))
 
     def teardown(self) -> None:
         """Release process groups and other resources."""

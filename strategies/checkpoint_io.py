@@ -11,29 +11,32 @@ and its loop state in ``extra_state.json``)::
     custom_checkpoint_0.bin ...                     objects given to register_for_checkpointing
     random_states_<rank>.safetensors                torch/cuda RNG tensors; python/numpy states in its metadata
     dataloaders.json, extra_state.json              JSON
-    manifest.json                                   written last: size and SHA-256 of every file, metadata
+    manifest.json                                   written last: size and hash of every file, metadata
 
-`CheckpointWriter` stages it in ``.<name>.partial`` and hashes each file while writing it; `verify_checkpoint`
-checks every file against the manifest before anything is loaded.
+`CheckpointWriter` stages it in ``.<name>.partial`` and hashes each file in the pass that writes it (DCP's shard
+files too); `CheckpointReader` checks each file against the manifest in the pass that reads it, before any of it
+is used. The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import hashlib
 import json
 import os
 import pickle
 import random
 import shutil
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from strategies.checkpoint_hash import HASHES, LEGACY_HASH, HashingFile, MemoryFile, choose_hash, hash_file, map_file
 from strategies.materialize import is_sharded_module, load_safetensors_slices
 
 
@@ -65,10 +68,11 @@ def torch_save(obj: Any, path: Path) -> None:
     torch.save(obj, path)
 
 
-def torch_load(path: Path, map_location: Any = "cpu") -> Any:
-    """`torch.load` that refuses anything but tensors and plain containers."""
+def torch_load(path: Path, map_location: Any = "cpu", data: Any = None) -> Any:
+    """`torch.load` that refuses anything but tensors and plain containers: of the file `path`, or of `data`, its
+    contents as a binary file."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path if data is None else data, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"refusing to load {path}: it holds objects other than tensors and plain containers ({err}). "
@@ -113,6 +117,43 @@ def load_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
         raise CheckpointError(f"cannot read {path} as safetensors: {err}; the file is damaged or was tampered with") from err
 
 
+def parse_safetensors(data: torch.Tensor, source: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of a safetensors file whose bytes are the uint8 tensor `data` (read once, maybe checked).
+
+    Each tensor is a view of `data` (no copy) where its offset allows one, else a copy.
+    """
+
+    def damaged(why: str) -> CheckpointError:
+        return CheckpointError(f"cannot read {source} as safetensors: {why}; the file is damaged or was tampered with")
+
+    raw = data.numpy().data.cast("B")
+    if len(raw) < 8 or len(raw) < 8 + (length := struct.unpack("<Q", raw[:8])[0]):
+        raise damaged("it is shorter than its header says")
+    try:
+        header = json.loads(bytes(raw[8 : 8 + length]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise damaged(f"its header is no JSON ({err})") from err
+    if not isinstance(header, dict):
+        raise damaged("its header is no JSON object")
+    dtypes = {name: dtype for dtype, name in _ST_DTYPES.items()}
+    body, meta, tensors = data[8 + length :], header.pop("__metadata__", None) or {}, {}
+    for key, info in header.items():
+        try:
+            dtype, shape, (begin, end) = dtypes[info["dtype"]], [int(n) for n in info["shape"]], info["data_offsets"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise damaged(f"tensor {key!r} has an unreadable entry {info!r}") from err
+        size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        if not (isinstance(begin, int) and isinstance(end, int) and begin >= 0 and end == begin + size <= len(body)):
+            raise damaged(f"tensor {key!r} of shape {shape} lies at bytes {begin}..{end} of {len(body)}")
+        chunk = body[begin:end]
+        if chunk.storage_offset() % dtype.itemsize:  # a view needs an aligned offset
+            chunk = chunk.clone()
+        tensors[key] = chunk.view(dtype).reshape(shape)
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise damaged("its metadata is not a map of strings")
+    return tensors, meta
+
+
 # RNG states -----------------------------------------------------------------------------------------------
 
 
@@ -131,26 +172,41 @@ def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
+@contextlib.contextmanager
+def rng_kept() -> Iterator[None]:
+    """Leave every RNG of this process (python, numpy, torch, cuda) as it was before the block."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
 def save_rng_state(path: Path) -> None:
     tensors, meta = capture_rng_state()
     save_safetensors(tensors, path, metadata=meta)
 
 
 def load_rng_state(path: Path) -> None:
-    from safetensors import safe_open
+    with open(path, "rb") as fh:
+        data = torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8)
+    restore_rng_state(*parse_safetensors(data, path), path)
 
-    tensors = load_safetensors(path)
+
+def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, str], source: Path) -> None:
+    """Set every RNG of this process from what `save_rng_state` wrote to `source` (its tensors and metadata)."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
         py_version, py_state, py_gauss = json.loads(meta["python"])
         np_state = json.loads(meta["numpy"])
     except (KeyError, ValueError, TypeError) as err:
-        raise CheckpointError(f"{path} lacks valid python/numpy RNG states ({err})") from err
+        raise CheckpointError(f"{source} lacks valid python/numpy RNG states ({err})") from err
     random.setstate((py_version, tuple(py_state), py_gauss))
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), np_state[2], np_state[3], np_state[4]))
-    torch.set_rng_state(tensors["torch"])
-    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("cuda_"))]
+    torch.set_rng_state(tensors["torch"].clone())  # (a view of a file's buffer would crash it: its own storage)
+    cuda = [tensors[k].clone() for k in sorted(k for k in tensors if k.startswith("cuda_"))]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
@@ -160,40 +216,30 @@ def load_rng_state(path: Path) -> None:
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "trainwright-checkpoint"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the manifest names its hash ("hash", a "digest" per file); 2: a "sha256" per file
 LEGACY_MARKER = "checkpoint.json"  # format 1: an Accelerator directory marked complete by this file, without hashes
-_HASH_CHUNK = 1 << 22
-
-
-class _HashingFile:
-    """A binary file that hashes (SHA-256) and counts what is written through it."""
-
-    def __init__(self, fh: Any) -> None:
-        self.fh, self.digest, self.size = fh, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.digest.update(view)
-        self.size += len(view)
-        written: int = self.fh.write(view)
-        return written
-
-    def flush(self) -> None:
-        self.fh.flush()
 
 
 class CheckpointWriter:
-    """Writes one checkpoint directory: every file goes into the hidden ``.<name>.partial`` sibling, hashed as
-    it is written (no file is read back), and `commit` writes ``manifest.json`` (sizes, SHA-256s, metadata)
-    last, flushes, and renames the directory into place. A crash at any point leaves ``<name>`` as it was.
+    """Writes one checkpoint directory: every file goes into the hidden ``.<name>.partial`` sibling, hashed in
+    the pass that writes it (no file is read back), and `commit` writes ``manifest.json`` (sizes, digests,
+    metadata) last, flushes, and renames the directory into place. A crash at any point leaves ``<name>`` as it was.
 
     Every process makes its own writer for the same directory; rank 0 `commit`s with the others' entries.
+
+    Args:
+        final: the checkpoint directory.
+        algorithm: the hash, ``"xxh3_128"`` or ``"sha256"`` (see `strategies.checkpoint_hash`); default
+            ``$TRAINWRIGHT_CHECKPOINT_HASH``, else ``"xxh3_128"``. Every process must use the same.
     """
 
-    def __init__(self, final: str | os.PathLike[str]) -> None:
+    def __init__(self, final: str | os.PathLike[str], *, algorithm: str | None = None) -> None:
         self.final = Path(final).absolute()
         self.staging = self.final.parent / f".{self.final.name}.partial"
+        self.algorithm = choose_hash(algorithm)
         self.files: dict[str, dict[str, Any]] = {}
+        self._flushing: list[tuple[str, int, Future[None]]] = []  # (name, bytes, its fsync in the background)
+        self._pool: ThreadPoolExecutor | None = None
 
     def clear_staging(self) -> None:
         """Remove what crashed saves left next to the target (rank 0, before the others write), then make the staging directory."""
@@ -210,22 +256,51 @@ class CheckpointWriter:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as fh:
-                out = _HashingFile(fh)
+                out = HashingFile(fh, self.algorithm)
                 produce(out)
                 fh.flush()
-                os.fsync(fh.fileno())
+                self._flush_later(os.dup(fh.fileno()), name, nbytes)
         except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            free = shutil.disk_usage(self.staging.parent).free
-            shutil.rmtree(self.staging, ignore_errors=True)
-            raise OSError(
-                err.errno,
-                f"no space left to save checkpoint {str(self.final)!r}: writing {name} (about {nbytes / 1e6:.1f} MB) failed with "
-                f"{free / 1e6:.1f} MB free on that device. The partial checkpoint was removed and earlier checkpoints are "
-                "untouched; free space, lower ModelCheckpoint(save_top_k=...), or save to another directory",
-            ) from err
-        self.files[name] = {"size": out.size, "sha256": out.digest.hexdigest()}
+            self._raise_if_full(err, name, nbytes)
+            raise
+        self.files[name] = {"size": out.size, "digest": out.hexdigest()}
+
+    def _raise_if_full(self, err: OSError, name: str, nbytes: int) -> None:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return
+        self.sync(raise_errors=False)
+        free = shutil.disk_usage(self.staging.parent).free
+        shutil.rmtree(self.staging, ignore_errors=True)
+        raise OSError(
+            err.errno,
+            f"no space left to save checkpoint {str(self.final)!r}: writing {name} (about {nbytes / 1e6:.1f} MB) failed with "
+            f"{free / 1e6:.1f} MB free on that device. The partial checkpoint was removed and earlier checkpoints are "
+            "untouched; free space, lower ModelCheckpoint(save_top_k=...), or save to another directory",
+        ) from err
+
+    def _flush_later(self, fd: int, name: str, nbytes: int) -> None:
+        """fsync (and close) `fd`, a written file's, in the background: fsync waits on the disk, so the files of a
+        checkpoint reach it together (one journal commit for many small files) while the next ones are written."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="checkpoint-fsync")
+        self._flushing.append((name, nbytes, self._pool.submit(_fsync_and_close, fd)))
+
+    def sync(self, *, raise_errors: bool = True) -> None:
+        """Wait until every file this process wrote is on disk; every process calls it before its entries go to
+        the manifest (`commit` calls it too)."""
+        flushing, self._flushing = self._flushing, []
+        for name, nbytes, future in flushing:
+            try:
+                future.result()
+            except OSError as err:
+                if raise_errors:
+                    self._raise_if_full(err, name, nbytes)
+                    raise
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        for folder in sorted({(self.staging / name).parent for name in self.files} - {self.staging}):
+            fsync_dir(folder)  # (the staging directory itself: by `commit`)
 
     def save_safetensors(self, name: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         self._write(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
@@ -240,22 +315,47 @@ class CheckpointWriter:
         tensors, meta = capture_rng_state()
         self.save_safetensors(name, tensors, metadata=meta)
 
+    def save_dcp(self, name: str, state: dict[str, Any]) -> None:
+        """Every process writes its part of `state` into the folder `name` with `torch.distributed.checkpoint`
+        (collective; DCP's own files, loadable by a plain ``dcp.load``), each file hashed as it is written."""
+        import torch.distributed.checkpoint as dcp
+
+        from strategies.dcp_storage import HashingWriter  # lazy: torch.distributed.checkpoint takes a second to import
+
+        def flush(fd: int, path: Path) -> None:
+            self._flush_later(fd, path.relative_to(self.staging).as_posix(), path.stat().st_size)
+
+        storage = HashingWriter(self.staging / name, self.algorithm, flush=flush)
+        dcp.save(state, storage_writer=storage)
+        for path, (size, digest) in storage.written.items():
+            self.files[path.relative_to(self.staging).as_posix()] = {"size": size, "digest": digest}
+
     def hash_written(self, names: list[str]) -> None:
-        """Record files another library wrote into the staging directory (DCP shards): these are read back once."""
+        """Record files a library wrote into the staging directory by itself (DeepSpeed's engine opens its own files):
+        these are read back once to hash them."""
         for name in names:
             path = self.staging / name
-            self.files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+            self.files[name] = {"size": path.stat().st_size, "digest": hash_file(path, self.algorithm)}
 
     def commit(self, meta: dict[str, Any], others: Sequence[dict[str, dict[str, Any]]] = ()) -> Path:
-        """Write the manifest (this rank's files plus `others`), flush, and move the directory into place."""
+        """Write the manifest (this rank's files plus `others`, which each process `sync`ed), flush, and move the
+        directory into place."""
+        self.sync()
         files = dict(self.files)
         for entries in others:
             files.update(entries)
-        manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "files": dict(sorted(files.items()))}
+        manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "hash": self.algorithm,
+                    "files": dict(sorted(files.items()))}
         write_json_durably(self.staging / MANIFEST_NAME, manifest)
-        fsync_dir(self.staging)
-        move_into_place(self.staging, self.final)
+        move_into_place(self.staging, self.final)  # (fsyncs the staging directory first)
         return self.final
+
+
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -310,14 +410,6 @@ def write_json_durably(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def move_into_place(partial: Path, target: Path) -> None:
     """Rename the finished `partial` directory to `target`; an older `target` is removed only once the new one is in place."""
     fsync_dir(partial)
@@ -333,7 +425,7 @@ def move_into_place(partial: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-# Reading: the manifest first, every file checked against it before any is loaded ---------------------------
+# Reading: the manifest first (names and sizes), then each file checked in the pass that reads it -----------
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -372,7 +464,29 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"checkpoint {str(directory)!r} has format version {version!r}, newer than this Trainwright reads "
             f"({FORMAT_VERSION}); upgrade Trainwright to load it"
         )
+    if manifest.get("hash", LEGACY_HASH) not in HASHES:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} is hashed with {manifest['hash']!r}, which this Trainwright does not know (it "
+            f"knows {', '.join(map(repr, HASHES))}); upgrade Trainwright to load it"
+        )
     return manifest
+
+
+def _digest(manifest: dict[str, Any], entry: Any) -> Any:
+    """The digest a manifest records for one file: ``digest`` (format 3), or ``sha256`` (format 2, no ``hash``)."""
+    return entry.get("digest" if "hash" in manifest else LEGACY_HASH) if isinstance(entry, dict) else None
+
+
+def _refusal(directory: Path, problems: Sequence[str]) -> CheckpointError:
+    return CheckpointError(
+        f"refusing to load checkpoint {str(directory)!r}: its files do not match its manifest ({'; '.join(problems)}). "
+        "It was damaged or tampered with after saving; load an intact checkpoint"
+    )
+
+
+def _split(share: tuple[int, int, Any] | None) -> tuple[int, int, Any]:
+    """``(rank, world_size, all_gather_object)``, or ``(0, 1, None)`` for one process."""
+    return share if share is not None and share[1] > 1 else (0, 1, None)
 
 
 def verify_checkpoint(
@@ -380,9 +494,12 @@ def verify_checkpoint(
 ) -> dict[str, Any]:
     """Check that every file of the checkpoint matches its manifest; return the manifest.
 
+    A load does not need this first read: `open_checkpoint` checks names and sizes, and its `CheckpointReader`
+    checks each file's digest in the pass that reads it.
+
     Args:
         directory: the checkpoint directory.
-        hashes: compare SHA-256s (reads every file once); False compares only names and sizes.
+        hashes: compare digests (reads every file once); False compares only names and sizes.
         share: ``(rank, world_size, all_gather_object)`` to split the hashing across the processes (each
             hashes every ``world_size``-th file) and agree on the result; every process must then call it.
 
@@ -395,22 +512,172 @@ def verify_checkpoint(
     expected = manifest.get("files")
     if expected is None:  # format 1 Accelerator directory: complete, but without hashes to check
         return manifest
-    rank, world, gather = share if share is not None and share[1] > 1 else (0, 1, None)
+    rank, world, gather = _split(share)
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {MANIFEST_NAME}
     problems = [f"{name} is missing" for name in sorted(set(expected) - present)]
     problems += [f"{name} was added" for name in sorted(present - set(expected))]
+    algorithm = manifest.get("hash", LEGACY_HASH)
     for name in sorted(present & set(expected))[rank::world]:
         entry, path = expected[name], directory / name
-        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or (hashes and sha256_of(path) != entry.get("sha256")):
+        if not isinstance(entry, dict) or path.stat().st_size != entry.get("size") or (
+            hashes and hash_file(path, algorithm) != _digest(manifest, entry)
+        ):
             problems.append(f"{name} was modified")
     if gather is not None:
         problems = sorted({problem for found in gather(problems) for problem in found})
     if problems:
-        raise CheckpointError(
-            f"refusing to load checkpoint {str(directory)!r}: its files do not match its manifest ({'; '.join(problems)}). "
-            "It was damaged or tampered with after saving; load an intact checkpoint"
-        )
+        raise _refusal(directory, problems)
     return manifest
+
+
+def open_checkpoint(
+    directory: str | os.PathLike[str], *, share: tuple[int, int, Any] | None = None, hashes: bool = True
+) -> CheckpointReader:
+    """Read the manifest of a checkpoint, check the names and sizes of its files (no file is read), and return the
+    `CheckpointReader` that checks each file's digest as a load reads it.
+
+    Args:
+        directory: the checkpoint directory.
+        share: ``(rank, world_size, all_gather_object)``: the processes agree on every check (each stats every
+            ``world_size``-th file here; see `CheckpointReader.agreed` for the rest); every process must call it.
+        hashes: False reads the files without checking their digests (names and sizes are still checked).
+
+    Raises:
+        CheckpointError (a ValueError): a file is missing, was added or changed size (on every process, when shared).
+    """
+    manifest = verify_checkpoint(directory, share=share, hashes=False)
+    return CheckpointReader(directory, manifest, hashes=hashes, share=share)
+
+
+class CheckpointReader:
+    """Reads the files of one checkpoint directory, each checked against the manifest in the pass that reads it.
+
+    Each file a load reads comes through a method here: mapped, hashed (the one pass that reads it from disk),
+    compared with its manifest digest, and only then parsed from memory, so a damaged file is refused with a
+    `CheckpointError` naming it before any of its bytes are used. What a load applied from the files it read before stays applied. Inside
+    `agreed()` the processes finish together: a file no process read is hashed then (split across the processes),
+    and a problem any process found is raised on every process.
+
+    A reader made from a bare directory (``CheckpointReader(path)``) checks nothing: no manifest, no digests.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], manifest: dict[str, Any] | None = None, *, hashes: bool = True,
+        share: tuple[int, int, Any] | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest or {}
+        self.expected: dict[str, Any] | None = self.manifest.get("files")  # None: nothing to check (format 1, bare)
+        self.algorithm = self.manifest.get("hash", LEGACY_HASH)
+        self.hashes = hashes and self.expected is not None
+        self.share = share
+        self.checked: set[str] = set()  # the files this process read and found intact
+
+    def path(self, name: str) -> Path:
+        return self.directory / name
+
+    def _check(self, name: str, size: int, digest: str) -> None:
+        entry = (self.expected or {}).get(name)
+        if entry is None:
+            raise _refusal(self.directory, [f"{name} is not in its manifest"])
+        if size != entry.get("size") or digest != _digest(self.manifest, entry):
+            raise _refusal(self.directory, [f"{name} was modified"])
+        self.checked.add(name)
+
+    def read(self, name: str) -> Any:
+        """The bytes of the file `name` (relative to the checkpoint directory), checked: a buffer mapping the file,
+        hashed in the pass that reads it from disk (`map_file`), so parsing it afterwards reads memory."""
+        if not self.hashes:
+            return map_file(self.directory / name)[0]
+        data, digest = map_file(self.directory / name, self.algorithm)
+        self._check(name, len(data), str(digest))
+        return data
+
+    def _open(self, path: Path) -> MemoryFile:
+        return MemoryFile(self.read(path.relative_to(self.directory).as_posix()))
+
+    def torch_load(self, name: str, map_location: Any = "cpu") -> Any:
+        """`torch_load` of the file `name`, checked first."""
+        if not self.hashes:
+            return torch_load(self.path(name), map_location=map_location)
+        return torch_load(self.path(name), map_location=map_location, data=MemoryFile(self.read(name)))
+
+    def read_json(self, name: str) -> Any:
+        data = bytes(self.read(name))
+        try:
+            return json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"cannot read {self.path(name)}: {err}; the checkpoint is damaged or was tampered with") from err
+
+    def safetensors(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The tensors (on the CPU, views of one buffer) and metadata of the safetensors file `name`, checked first."""
+        data = self.read(name)
+        return parse_safetensors(torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8), self.path(name))
+
+    def load_safetensors(self, name: str, device: Any = "cpu") -> dict[str, torch.Tensor]:
+        tensors, _ = self.safetensors(name)
+        if torch.device(device).type != "cpu":
+            tensors = {key: tensor.to(device) for key, tensor in tensors.items()}
+        return tensors
+
+    def load_rng_state(self, name: str) -> None:
+        restore_rng_state(*self.safetensors(name), self.path(name))
+
+    def dcp_reader(self, name: str) -> Any:
+        """A `torch.distributed.checkpoint` storage reader for the folder `name` that checks each file it reads
+        (its ``.metadata`` at once, before DCP unpickles it; each shard file before DCP parses any of it)."""
+        import torch.distributed.checkpoint as dcp
+
+        from strategies.dcp_storage import CheckingReader  # lazy: torch.distributed.checkpoint takes a second to import
+
+        if not self.hashes:
+            return dcp.FileSystemReader(self.directory / name)
+        return CheckingReader(self.directory / name, self._open)
+
+    def check_now(self, names: Sequence[str]) -> None:
+        """Hash the files `names` now, split across the processes, and agree (every process calls it with the same
+        names): for a loader that opens the files itself (DeepSpeed's engine)."""
+        if self.hashes:
+            self._check_split(sorted(set(names)))
+
+    def _check_split(self, names: list[str]) -> None:
+        rank, world, gather = _split(self.share)
+        problems = [f"{name} was modified" for name in names[rank::world]
+                    if hash_file(self.directory / name, self.algorithm) != _digest(self.manifest, self.expected[name])]  # type: ignore[index]
+        if gather is not None:
+            problems = sorted({problem for found in gather(problems) for problem in found})
+        if problems:
+            raise _refusal(self.directory, problems)
+        self.checked.update(names)
+
+    @contextlib.contextmanager
+    def agreed(self) -> Iterator[CheckpointReader]:
+        """Load inside this block (every process): at its end, the files no process read are checked, split across
+        the processes, and a `CheckpointError` one process met inside it is raised on every process.
+
+        Raises:
+            CheckpointError: a file was damaged (on every process, when shared).
+        """
+        _, _, gather = _split(self.share)
+        failure: CheckpointError | None = None
+        try:
+            yield self
+        except CheckpointError as err:
+            if gather is None:
+                raise
+            failure = err
+        checked = set(self.checked)
+        if gather is not None:
+            everyone = gather((str(failure) if failure is not None else None, sorted(self.checked)))
+            errors = [error for error, _ in everyone if error is not None]
+            if failure is not None:
+                raise failure
+            if errors:
+                raise CheckpointError(errors[0])
+            checked = {name for _, names in everyone for name in names}
+        unread = sorted(set(self.expected or {}) - checked)  # the same on every process
+        if self.hashes and unread:
+            self._check_split(unread)
 
 
 def is_complete(directory: str | os.PathLike[str]) -> bool:
@@ -536,25 +803,32 @@ def _dcp_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> di
     return state
 
 
-def save_sharded(directory: Path, models: list[Any], optimizers: list[torch.optim.Optimizer]) -> None:
-    """Every process writes its shards of the models and optimizers into `directory` (collective)."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(_dcp_state(models, optimizers), checkpoint_id=str(directory))
+def save_sharded(writer: CheckpointWriter, models: list[Any], optimizers: list[torch.optim.Optimizer]) -> None:
+    """Every process writes its shards of the models and optimizers into ``sharded/`` (collective), hashed as written."""
+    writer.save_dcp(SHARDED_DIR, _dcp_state(models, optimizers))
 
 
-def load_sharded(directory: Path, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
     """Load a `save_sharded` checkpoint into these models and optimizers, resharding to this run's processes.
 
-    Works for any number of processes, also a plain single process without a process group.
+    Each process checks the shard files it reads as it reads them (`CheckpointReader.dcp_reader`). Works for any
+    number of processes, also a plain single process without a process group.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     state = _dcp_state(models, optimizers)
+    directory = reader.path(SHARDED_DIR)
+    storage = reader.dcp_reader(SHARDED_DIR)  # checks .metadata now
     try:
-        dcp.load(state, checkpoint_id=str(directory), no_dist=not _distributed())
-    except Exception as err:  # DCP raises its own CheckpointException for missing keys or damaged files
+        dcp.load(state, storage_reader=storage, no_dist=not _distributed())
+    except CheckpointException as err:  # (a BaseException) what failed on any process, on every process
+        damaged = [exc for exc, _trace in err.failures.values() if isinstance(exc, CheckpointError)]
+        if damaged:
+            raise CheckpointError(str(damaged[0])) from err
+        raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
+    except Exception as err:  # missing keys, mismatched shapes
         raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
     for i, model in enumerate(models):
         set_model_state_dict(model, state[f"model_{i}"], options=StateDictOptions(strict=strict))

@@ -441,8 +441,14 @@ class DeepSpeedStrategy(Strategy, Engine):
             for i, state in enumerate(states):
                 writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
 
-    def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
-        path = Path(path)
+    def load_checkpoint(
+        self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer], *, strict: bool = True,
+    ) -> None:
+        """The engine's own checkpoint when there is one (its files hashed first, split across the processes: the
+        engine opens them itself), else the weights alone."""
+        reader = reader if isinstance(reader, checkpoint_io.CheckpointReader) else checkpoint_io.CheckpointReader(reader)
+        path = reader.directory
         if not (path / checkpoint_io.DEEPSPEED_DIR).is_dir() or self.engine is None:
             # weights alone (no engine: a model prepared for evaluation), from model.safetensors
             if optimizers:
@@ -451,9 +457,10 @@ class DeepSpeedStrategy(Strategy, Engine):
                     "strategy's optimizer states; resume it with the strategy that wrote it, or load its weights alone "
                     "(strategies.checkpoint_io.load_weights(directory, model), or TrainModule.load_from_checkpoint)"
                 )
-            super().load_checkpoint(path, models, optimizers, strict=strict)
+            super().load_checkpoint(reader, models, optimizers, strict=strict)
             return
         engine = self.engine
+        reader.check_now([name for name in reader.expected or {} if name.startswith(f"{checkpoint_io.DEEPSPEED_DIR}/")])
         loaded, _ = engine.load_checkpoint(
             str(path / checkpoint_io.DEEPSPEED_DIR),
             tag=_TAG,

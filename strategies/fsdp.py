@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -320,20 +322,22 @@ class FSDPStrategy(Strategy):
         set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=True, strict=strict))
 
     def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-        """Every rank writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`); nothing is gathered."""
-        directory = writer.staging / checkpoint_io.SHARDED_DIR
-        checkpoint_io.save_sharded(directory, models, optimizers)
-        written = [f"{checkpoint_io.SHARDED_DIR}/{p.name}" for p in directory.glob(f"__{self.rank}_*.distcp")]
-        writer.hash_written(written + ([f"{checkpoint_io.SHARDED_DIR}/.metadata"] if self.rank == 0 else []))
+        """Every rank writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`), hashing
+        them as it writes them; nothing is gathered."""
+        checkpoint_io.save_sharded(writer, models, optimizers)
 
-    def load_checkpoint(self, path: Any, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
-        if not checkpoint_io.is_sharded(path) and optimizers:
+    def load_checkpoint(
+        self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer], *, strict: bool = True,
+    ) -> None:
+        path = reader.directory if isinstance(reader, checkpoint_io.CheckpointReader) else reader
+        if not checkpoint_io.is_sharded(Path(path)) and optimizers:
             raise ValueError(
                 f"checkpoint {str(path)!r} holds full (unsharded) optimizer states, written by a non-sharded strategy; "
                 "strategy='fsdp' loads only sharded ones. Resume it with the strategy that wrote it, or load its "
                 "weights alone (TrainModule.load_from_checkpoint, or strategies.checkpoint_io.load_weights(directory, model))"
             )
-        super().load_checkpoint(path, models, optimizers, strict=strict)
+        super().load_checkpoint(reader, models, optimizers, strict=strict)
 
     def teardown(self) -> None:
         leave_process_group(self._owns_group)

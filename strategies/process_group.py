@@ -8,11 +8,13 @@ import datetime
 import faulthandler
 import json
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +27,11 @@ from strategies.environment import ClusterEnvironment
 def join_process_group(cluster: ClusterEnvironment, device: torch.device, backend: str, timeout: float, teardown: Callable[[], None]) -> bool:
     """Select `device` and join (or create) the default process group; return True when this call created it.
 
-    `teardown` is registered to run at interpreter exit: a script that never calls ``end_training()``
-    would otherwise reach exit with gloo's threads alive, and their destructors abort the process
-    ("terminate called without an active exception").
+    `teardown` is registered to run at interpreter exit (a script need not call ``end_training()``), and after
+    it `wait_for_collective_threads` (see there: why a process that printed its results could still abort).
     """
     die_with_launcher()
+    _register_exit_wait()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if dist.is_initialized():
@@ -56,6 +58,69 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
     atexit.register(teardown)
     report_hung_ranks(cluster.rank, cluster.world_size, timeout, several_machines=cluster.world_size > cluster.local_world_size)
     return True
+
+
+# torch's gloo worker threads (``ProcessGroupGloo::runLoop``); /proc shows a thread's name (15 characters at most).
+_GLOO_WORKER = "pt_gloo_runloop"
+_exit_wait_registered = False
+
+
+def _register_exit_wait() -> None:
+    """Register `wait_for_collective_threads` at exit, once, before any strategy's teardown: exit functions run in
+    reverse order, so it runs after the process group is destroyed."""
+    global _exit_wait_registered
+    if not _exit_wait_registered:
+        _exit_wait_registered = True
+        atexit.register(wait_for_collective_threads)
+
+
+def wait_for_collective_threads(timeout: float = 10.0) -> bool:
+    """At interpreter exit: wait, without the GIL, until no gloo worker thread of this process is still working on a
+    collective; return False if one still was after `timeout` seconds.
+
+    Why: a gloo backend outlives ``destroy_process_group()`` when something else keeps a reference to it (a
+    ``DistributedDataParallel`` model does, even after it is deleted; so do DeepSpeed's and a device mesh's groups), and
+    its two worker threads with it. A worker lets go of a finished collective's tensors a moment after the caller saw it
+    complete; releasing a tensor that has a Python object takes the GIL. When the script ends right after its last
+    collective (``validate``/``test``/``predict``-only scripts: the metric all-gather), the interpreter may already be
+    finalizing by then: CPython ends the thread that asks for the GIL (``pthread_exit``), the unwinding crosses gloo's
+    ``noexcept`` work destructor, and the process aborts after printing correct results ("terminate called without an
+    active exception", SIGABRT; seen in 1 run of 15 on a loaded machine). Exit functions run while the interpreter is
+    intact, so a worker that needs the GIL gets it while this one sleeps.
+
+    A worker blocked waiting (in its queue, or in a collective another rank never joins) counts as done. Reads
+    ``/proc``; elsewhere it waits 0.1 s.
+    """
+    deadline, calm = time.monotonic() + timeout, 0
+    while calm < 3:  # three looks 5 ms apart with every worker blocked
+        time.sleep(0.005)  # sleeping releases the GIL
+        busy = _busy_gloo_workers()
+        if busy is None:
+            time.sleep(0.1)
+            return True
+        calm = 0 if busy else calm + 1
+        if time.monotonic() > deadline:
+            return False
+    return True
+
+
+def _busy_gloo_workers() -> int | None:
+    """How many gloo worker threads of this process are running or waiting to run (None without ``/proc``)."""
+    folder = f"/proc/{os.getpid()}/task"
+    try:
+        threads = os.listdir(folder)
+    except OSError:
+        return None
+    busy = 0
+    for tid in threads:
+        try:
+            with open(f"{folder}/{tid}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:  # the thread ended
+            continue
+        name, state = stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]
+        busy += name == _GLOO_WORKER and state not in ("S", "Z", "X")  # not blocked: working, or runnable but not scheduled
+    return busy
 
 
 # A signal every worker answers by printing all its threads' Python stacks (faulthandler), for the hung-rank report.
@@ -86,11 +151,34 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float, *, several_mac
 
     def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
         if _is_timeout(error):
-            with contextlib.suppress(Exception):  # the report must never hide the error itself
-                _report_timeout(store, rank, world_size, timeout)
+            try:
+                _report_timeout(store, rank, world_size, timeout, timed_out="Timed out" in str(error))
+                tb = _shortened(error, tb)  # the report says what happened; gloo's text follows, shortened
+            except Exception:  # the report must never hide the error itself
+                pass
         previous(kind, error, tb)
 
     sys.excepthook = hook
+
+
+def _shortened(error: BaseException, tb: Any) -> Any:
+    """`error` with gloo's message cut to its substance ("Read error [127.0.0.1]:6560: Connection reset by peer",
+    without the source path and the advice that follows) and its traceback without torch's own frames."""
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", str(error)).split(". This is typically caused", 1)[0]
+    error.args = (f"gloo: {text} (what it means: the trainwright line above)",)
+    frames = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_TORCH_DIR):
+            frames.append(tb)
+        tb = tb.tb_next
+    short = None
+    for frame in reversed(frames):
+        short = types.TracebackType(short, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    error.__traceback__ = short  # what the default hook prints (it ignores its argument when the error has one)
+    return short
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def _machine() -> str:
@@ -148,7 +236,19 @@ def _default_store() -> Any:
         return None
 
 
-def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> None:
+def _exited(pid: int) -> bool:
+    """Whether process `pid` (on this machine) has ended: gone, or a zombie its parent has not reaped yet (which a
+    signal still reaches, so `os.kill` alone would call it alive)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):  # no /proc (not Linux): the signal sent next tells
+        return False
+
+
+def _report_timeout(store: Any, rank: int, world_size: int, timeout: float, *, timed_out: bool = True) -> None:
     store.set(_KEY.format(kind="waiting", rank=rank), "1")
     time.sleep(min(5.0, max(1.0, timeout / 10)))  # the other waiting ranks time out at about the same moment
     waiting = [r for r in range(world_size) if store.check([_KEY.format(kind="waiting", rank=r)])]
@@ -161,6 +261,8 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
             remote.append(r)
             continue
         try:
+            if _exited(int(pid)):
+                raise ProcessLookupError(pid)
             os.kill(int(pid), _STACK_SIGNAL)
             alive.append(r)
         except ProcessLookupError:
@@ -168,18 +270,19 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float) -> N
     if missing:
         who = f"rank(s) {missing} never reached it"
         who += f"; still running: {alive} (their Python stacks are printed too, by faulthandler)" if alive else ""
-        who += f"; already exited: {gone} (a collective called on some ranks only?)" if gone else ""
+        who += f"; already exited: {gone} (it died, or ended without calling it: a collective called on some ranks only?)" if gone else ""
         who += f"; on other machines: {remote} (asked to print their Python stacks in their own logs)" if remote else ""
     else:
         who = "every rank reached it, so a rank probably called a different collective"
-    _leave_report(rank, {"waiting": rank, "missing": missing, "alive": alive, "gone": gone, "remote": remote, "timeout": timeout})
-    print(
-        f"trainwright: rank {rank} waited in a collective (timeout {timeout:g} s) and failed: {who}. The wait is the process-group "
-        "timeout: Accelerator(process_group_timeout=...), Trainer(process_group_timeout=...), `trainer launch "
-        "--process_group_timeout` or TRAINWRIGHT_PG_TIMEOUT; TRAINWRIGHT_DEBUG_COLLECTIVES=1 checks every collective's arguments",
-        file=sys.stderr,
-        flush=True,
-    )
+    report = {"waiting": rank, "missing": missing, "alive": alive, "gone": gone, "remote": remote, "timeout": timeout, "timed_out": timed_out}
+    _leave_report(rank, report)
+    if timed_out:
+        head = (f"rank {rank} waited in a collective (timeout {timeout:g} s) and failed: {who}. The wait is the process-group "
+                "timeout: Accelerator(process_group_timeout=...), Trainer(process_group_timeout=...), `trainer launch "
+                "--process_group_timeout` or TRAINWRIGHT_PG_TIMEOUT")
+    else:  # gloo's "Connection closed/reset by peer": a rank left, there was no wait
+        head = f"rank {rank} failed at once in a collective because another rank left the process group: {who}"
+    print(f"trainwright: {head}; TRAINWRIGHT_DEBUG_COLLECTIVES=1 checks every collective's arguments", file=sys.stderr, flush=True)
     time.sleep(4.0 if remote else 0.5)  # let the dumped stacks (a watcher polls every 2 s) reach the logs before this exits
 
 

@@ -90,6 +90,11 @@ def _deepspeed(stage: int, offload: bool = False) -> StrategyEntry:
     return StrategyEntry(name, build, launchable=True, distributed_type="DEEPSPEED")
 
 
+def _ddp_find_unused_parameters(**kwargs: Any) -> Strategy:
+    """Lightning's ``"ddp_find_unused_parameters_true"``: DDP that tolerates parameters a forward does not use."""
+    return DDPStrategy(find_unused_parameters=True, **kwargs)
+
+
 REGISTRY: dict[str, StrategyEntry] = {}  # every name and alias -> its entry
 
 
@@ -104,7 +109,10 @@ def register_strategy(entry: StrategyEntry) -> None:
 for _entry in (
     StrategyEntry(AUTO, _auto, launchable=True),
     StrategyEntry("single", SingleDeviceStrategy, aliases=("single_device",)),
-    StrategyEntry("ddp", DDPStrategy, launchable=True),
+    # Lightning's "ddp_spawn"/"ddp_notebook" start their processes by spawning/forking; here every DDP run starts them by
+    # re-running the script (Lightning's "ddp"); in a notebook, `Trainer` names `notebook_launcher` instead
+    StrategyEntry("ddp", DDPStrategy, aliases=("ddp_find_unused_parameters_false", "ddp_spawn", "ddp_notebook"), launchable=True),
+    StrategyEntry("ddp_find_unused_parameters_true", _ddp_find_unused_parameters, launchable=True),
     StrategyEntry("fsdp", FSDPStrategy, aliases=("fsdp2",), launchable=True, distributed_type="FSDP"),
     StrategyEntry("fsdp1", _not_available("fsdp1", "FSDP1 (FullyShardedDataParallel) is not supported; strategy='fsdp' shards with "
                                           "FSDP2 (fully_shard)")),

@@ -272,6 +272,15 @@ def _current_command() -> tuple[str, bool, list[str]]:
     return os.path.abspath(path), False, sys.argv[1:]
 
 
+def can_rerun_current_script() -> bool:
+    """Whether `launch_current_script` has a script (or module) to re-run: False in a notebook or a REPL."""
+    try:
+        _current_command()
+    except RuntimeError:
+        return False
+    return True
+
+
 def launch_current_script(num_processes: int, **settings: Any) -> NoReturn:
     """Re-run the current ``python script.py ...`` on ``num_processes`` workers and exit with the job's code.
 

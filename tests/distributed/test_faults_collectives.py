@@ -89,3 +89,40 @@ def test_ranks_with_different_dataset_lengths_are_refused_instead_of_hanging():
         assert "pass the whole data set on every process" in result["accelerator"]
         assert result["same_length_still_works"] == 2 and result["alive"] == 2.0
         assert "has [6, 8] samples" in result["trainer"]
+
+
+def _save_and_load_in_a_directory_per_process(tmp: str) -> list[str]:
+    import os
+    import tempfile
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer import Accelerator
+
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(DataLoader(TensorDataset(torch.arange(32.0)), batch_size=4))
+    next(iter(loader))
+    errors = []
+    mine = tempfile.mkdtemp(dir=tmp)  # each process its own directory, as Accelerate's data-loop test does
+    for call in (acc.save_state, acc.load_state):
+        try:
+            call(mine)
+        except ValueError as err:
+            errors.append(str(err))
+    shared = os.path.join(tmp, "shared")
+    acc.save_state(shared)  # the same path everywhere: saved and loaded
+    acc.load_state(shared)
+    return errors
+
+
+def test_a_directory_per_process_is_refused_on_every_rank_before_anything_is_written(tmp_path) -> None:
+    # before: rank 0 wrote the manifest into its directory only; rank 1's load_state found "no manifest.json" and
+    # raised while rank 0 waited in a collective, which failed with gloo's "Connection reset by peer"
+    for errors in run_distributed(_save_and_load_in_a_directory_per_process, str(tmp_path), nprocs=2, timeout=180):
+        assert len(errors) == 2, errors
+        for what, message in zip(("save_state", "load_state"), errors):
+            assert message.startswith(f"{what}() got a different directory on each process (rank 0 '{tmp_path}"), message
+            assert "Pass the same path on every process: a tempfile.TemporaryDirectory() made on each process is not" in message
+    per_process = [d for d in tmp_path.iterdir() if d.name != "shared"]
+    assert len(per_process) == 2 and not any(any(d.iterdir()) for d in per_process)  # nothing was written into them

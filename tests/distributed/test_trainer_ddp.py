@@ -330,3 +330,34 @@ def test_lightning_arguments_on_two_processes(tmp_path: Any) -> None:
         assert "num_nodes=2 but the launcher started 2 processes, 2 per machine" in out["num_nodes"]
         assert "sync_batchnorm=True on 2 CPU processes" in out["sync_batchnorm"]
     assert ranks[0]["unsharded"][3] == ranks[1]["unsharded"][3]  # DDP still averages the (equal) gradients
+
+
+class LogsOnRankZero(Regression):
+    """Logs a value on rank 0 only, as Lightning's ``rank_zero_only=True`` allows (sync_dist is then ignored)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        if self.trainer.global_rank == 0:
+            self.log("rank0_loss", loss, on_epoch=True, sync_dist=True, rank_zero_only=True)
+        return loss
+
+
+def _min_limits_checks(tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # should_stop on rank 0 only, at step 3 (4 batches per epoch and process); min_steps=6 holds the stop back (and,
+    # as in Lightning, means a whole first epoch too): both processes stop at step 6, in epoch 1, per batch or by time
+    for name, interval in (("per_batch", 1), ("timed", 1.0)):
+        trainer = _trainer(tmp, max_epochs=5, callbacks=[StopOnRankZero()], min_steps=6, stop_check_interval=interval)
+        trainer.fit(Regression(), DataLoader(_regression_data(), batch_size=2))
+        out[name] = (trainer.global_step, trainer.current_epoch)
+    trainer = _trainer(tmp, max_epochs=2)
+    trainer.fit(LogsOnRankZero(), DataLoader(_regression_data(), batch_size=2))  # no collective waits for rank 1
+    out["rank0_loss"] = "rank0_loss_epoch" in trainer.callback_metrics
+    return out
+
+
+def test_min_steps_and_rank_zero_only_logging_on_two_processes(tmp_path: Any) -> None:
+    ranks = run_distributed(_min_limits_checks, str(tmp_path), nprocs=2, timeout=240)
+    for rank, out in enumerate(ranks):
+        assert out["per_batch"] == out["timed"] == (6, 2)
+        assert out["rank0_loss"] is (rank == 0)

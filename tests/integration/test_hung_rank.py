@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,31 @@ if acc.process_index == 0:
     acc.reduce(torch.ones(1))
 """
 
+KILLED_MID_TRAINING = """
+import os, signal
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from trainer import Trainer, TrainModule
+
+class Net(TrainModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 3 and self.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.lin(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+Trainer(max_epochs=1, log_with=None, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        process_group_timeout=120).fit(Net(), data)
+"""
+
 
 def _launch(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
     script = tmp_path / "job.py"
@@ -59,4 +85,25 @@ def test_a_rank_hung_before_a_collective_is_named_with_its_stack(tmp_path: Path)
 def test_a_collective_called_on_one_rank_only_is_named(tmp_path: Path) -> None:
     done = _launch(tmp_path, ONE_RANK_ONLY)
     assert done.returncode == 1
-    assert "rank(s) [1] never reached it; already exited: [1] (a collective called on some ranks only?)" in done.stderr
+    report = "trainwright: rank 0 failed at once in a collective because another rank left the process group: rank(s) [1] never reached it; already exited: [1]"
+    assert report in done.stderr
+    # gloo's own text comes after the report, shortened: no source path, no advice of its own, no torch frames
+    raw = done.stderr[done.stderr.index(report):]
+    assert "RuntimeError: gloo: " in raw and "pair.cc" not in raw and "GLHF" not in raw and "distributed_c10d.py" not in raw
+    summary = done.stderr[done.stderr.index("trainer launch: rank"):].splitlines()
+    assert summary[0] == "trainer launch: rank 1 had ended when rank 0 called a collective, which failed at once: a collective called on some ranks only?"
+    assert "waited in for" not in summary[0]
+
+
+def test_a_rank_killed_mid_training_is_named_with_its_signal_not_as_hung(tmp_path: Path) -> None:
+    # rank 0 fails at once in its gradient all-reduce (gloo: "Connection closed by peer"); before, the summary's first line
+    # said rank 1 "never reached the collective rank 0 waited in for 120 s" and the job exited 1
+    start = time.monotonic()
+    done = _launch(tmp_path, KILLED_MID_TRAINING)
+    summary = done.stderr[done.stderr.index("trainer launch: rank"):].splitlines()
+    assert summary[0].startswith("trainer launch: rank 1 (local rank 1, pid "), done.stderr
+    assert "was killed by SIGKILL, often the out-of-memory killer" in summary[0]
+    assert summary[1].startswith("  what to do: look for 'Out of memory: Killed process <pid>' in `dmesg`")
+    assert "never reached" not in done.stderr
+    assert done.returncode == 137  # 128 + SIGKILL, the dead rank's status as a shell reports it
+    assert time.monotonic() - start < 100  # the 120 s process-group timeout played no part

@@ -50,11 +50,21 @@ def test_training_step_returning_none_warns_once_per_fit(tmp_path: Path) -> None
     assert trainer.global_step == 4  # the other batches trained
 
 
-@pytest.mark.parametrize("obj", [42, "text", (i for i in range(3))], ids=["int", "str", "generator"])
-def test_prepare_warns_about_what_it_does_not_prepare(obj) -> None:
+@pytest.mark.parametrize(
+    ("obj", "fix"),
+    [
+        (42, r"an int \(42\), .*; prepare\(\) takes models, .* leave this one out of prepare\(\) and use it as it is"),
+        ("text", r"a str \('text'\), .*; prepare\(\) takes models, .* leave this one out of prepare\(\)"),
+        ((i for i in range(3)), r"a generator .*, so every process reads all of it \(nothing is sharded\). Wrap the data in a torch.utils.data.DataLoader \(for a generator or stream: over an IterableDataset"),
+        (TensorDataset(torch.zeros(4)), r"a TensorDataset .*nothing is sharded.*Wrap the data in a torch.utils.data.DataLoader"),
+    ],
+    ids=["int", "str", "generator", "dataset"],
+)
+def test_prepare_warns_about_what_it_does_not_prepare_and_says_what_to_do(obj, fix) -> None:
     acc = Accelerator(cpu=True)
-    with pytest.warns(UserWarning, match=rf"prepare\(\) got a {type(obj).__name__} .*which it does not prepare; it is returned unchanged"):
+    with pytest.warns(UserWarning, match=rf"prepare\(\) got {fix}") as caught:
         assert acc.prepare(obj) is obj
+    assert "which it does not prepare; it is returned unchanged" in str(caught[0].message)
 
 
 def test_non_scalar_loss_names_its_shape() -> None:
@@ -99,6 +109,38 @@ def test_without_on_nonfinite_nan_trains_on_as_in_lightning(tmp_path: Path) -> N
     module = Exploding()
     Trainer(project_dir=tmp_path, max_epochs=1, **QUIET).fit(module, _loader(16))
     assert not all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+class LoggingNaN(Net):
+    """The loss is NaN at every step, and logged."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx) * float("nan")
+        self.log("train_loss", loss)
+        return loss
+
+
+@pytest.mark.parametrize("shown_by", ["tracker", "progress bar"])
+def test_a_nan_loss_read_anyway_warns_once_by_default(tmp_path: Path, shown_by: str) -> None:
+    """A loss NaN at every step used to finish fit with NaN weights and no word. The value the loop reads anyway
+    (the step values sent to the trackers every log_every_n_steps; the values the progress bar draws) is checked."""
+    import io
+
+    settings = dict(QUIET, log_every_n_steps=2) if shown_by == "tracker" else dict(QUIET, enable_progress_bar=True, log_every_n_steps=1000)
+    callbacks = []
+    if shown_by == "progress bar":
+        from callbacks.progress import ProgressBar
+
+        callbacks = [ProgressBar(file=io.StringIO(), min_interval=0.0)]
+        settings.pop("enable_progress_bar")
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2, callbacks=callbacks, **settings)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(LoggingNaN(), _loader(16))
+    nonfinite = [w for w in caught if "non-finite" in str(w.message)]
+    assert len(nonfinite) == 1, [str(w.message) for w in caught]
+    message = str(nonfinite[0].message)
+    assert nonfinite[0].category is RuntimeWarning and "is nan at step" in message and "on_nonfinite='stop'" in message
 
 
 def test_accelerator_mixed_precision_conflicting_with_a_strategy_instance_is_refused() -> None:
@@ -156,7 +198,7 @@ def test_a_checkpoint_from_a_newer_release_names_both_versions(tmp_path: Path) -
     path = Path(acc.save_state(tmp_path / "ckpt"))
     manifest = json.loads((path / "manifest.json").read_text())
     (path / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
-    with pytest.raises(CheckpointError, match=r"format version 99, newer than this Trainwright reads \(2\); upgrade Trainwright"):
+    with pytest.raises(CheckpointError, match=r"format version 99, newer than this Trainwright reads \(3\); upgrade Trainwright"):
         acc.load_state(path)
 
 

@@ -454,3 +454,37 @@ def test_on_exception_checkpoint_skips_failed_evaluation(tmp_path):
     with pytest.raises(RuntimeError, match="bad validation"):
         trainer.validate(FailingValidation(), _loader())
     assert callback.saved_path is None and not (tmp_path / "ckpts").exists()
+
+
+# ------------------------------------------------------------------------------------ LambdaCallback
+def test_lambda_callback_runs_the_given_hooks_only(tmp_path):
+    import callbacks
+    from callbacks.base import overrides
+    from callbacks.lambda_function import LambdaCallback
+    from trainer.fit.dispatch import HookDispatcher
+
+    assert callbacks.LambdaCallback is LambdaCallback
+    seen: list[tuple] = []
+    callback = LambdaCallback(
+        on_train_epoch_start=lambda trainer, module: seen.append(("epoch", trainer.current_epoch)),
+        on_train_batch_end=lambda trainer, module, outputs, batch, batch_idx: seen.append(("batch", batch_idx)),
+        on_validation_end=lambda trainer, module: seen.append(("val", type(module).__name__)),
+    )
+    assert overrides(callback, "on_train_batch_end", Callback) and not overrides(callback, "on_train_batch_start", Callback)
+    dispatcher = HookDispatcher(None, TrainModule, [callback], None)  # type: ignore[arg-type]
+    assert set(dispatcher._callback_hooks) == {"on_train_epoch_start", "on_train_batch_end", "on_validation_end"}
+    _trainer(tmp_path, max_epochs=2, callbacks=[callback]).fit(TinyModule(), _loader(n=16), _loader(n=16))
+    assert seen == [("epoch", 0), ("batch", 0), ("batch", 1), ("val", "TinyModule"),
+                    ("epoch", 1), ("batch", 0), ("batch", 1), ("val", "TinyModule")]
+    with pytest.raises(TypeError, match="LambdaCallback\\(setup=3\\)"):
+        LambdaCallback(setup=3)
+
+
+def test_lambda_callback_takes_lightnings_keywords_in_order():
+    import inspect
+
+    from callbacks.lambda_function import LambdaCallback
+
+    names = list(inspect.signature(LambdaCallback).parameters)
+    assert names[:4] == ["setup", "teardown", "on_fit_start", "on_fit_end"] and names[-2:] == ["on_predict_epoch_end", "on_log_metrics"]
+    assert len(names) == 38 and set(names) <= set(vars(Callback))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from safetensors.torch import load_file, save_file
 
 from strategies.checkpoint_io import CheckpointWriter, verify_checkpoint
@@ -59,9 +59,10 @@ def test_manifest_hashes_are_those_of_the_bytes_on_disk(tmp_path: Path) -> None:
     final = writer.commit({"global_step": 3})
     manifest = json.loads((final / "manifest.json").read_text())
     assert manifest["global_step"] == 3 and set(manifest["files"]) == {"obj.bin", "data.json", "rng.safetensors"}
+    assert manifest["hash"] == "xxh3_128"
     for name, entry in manifest["files"].items():
         data = (final / name).read_bytes()
-        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        assert entry == {"size": len(data), "digest": xxhash.xxh3_128(data).hexdigest()}
     verify_checkpoint(final)
     (final / "data.json").write_text('{"k": [1, 3]}')
     with pytest.raises(ValueError, match=r"data.json was modified"):

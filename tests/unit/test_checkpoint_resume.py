@@ -298,3 +298,45 @@ def test_epoch_level_logged_values_survive_a_mid_epoch_resume(tmp_path: Path, mo
     run_fit(tmp_path, TOTAL_STEPS, ckpt_path="last", every_n_train_steps=12, extra_callbacks=(resumed,))
     assert {e: v for e, v in first.values.items() if e < 2} == {e: v for e, v in straight.values.items() if e < 2}
     assert resumed.values == {e: v for e, v in straight.values.items() if e >= 2}
+
+
+class CurriculumNet(ResumeNet):
+    """Its train_dataloader() serves a harder target every 2 epochs (a curriculum stage); records the epochs it is called at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[int] = []
+
+    def train_dataloader(self) -> DataLoader:
+        epoch = self.trainer.current_epoch
+        self.loads.append(epoch)
+        x, y = make_loader().dataset.tensors
+        return DataLoader(TensorDataset(x, y + epoch // 2), batch_size=BATCH_SIZE, shuffle=True)
+
+
+def _fit_curriculum(root: Path, max_steps: int, *, stop_step: int, init_seed: int = 1, ckpt_path: str | None = None) -> tuple[CurriculumNet, Trainer]:
+    torch.manual_seed(init_seed)
+    module = CurriculumNet()
+    trainer = Trainer(
+        max_steps=max_steps, max_epochs=100, accumulate_grad_batches=ACCUMULATE, reload_dataloaders_every_n_epochs=2, log_with=None,
+        callbacks=[ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=stop_step, save_top_k=-1)], enable_progress_bar=False,
+        enable_model_summary=False, project_dir=str(root), seed=1234,
+    )
+    trainer.fit(module, ckpt_path=ckpt_path)
+    return module, trainer
+
+
+@pytest.mark.parametrize(("stop_step", "loads"), [(7, [0, 1, 2, 4]), (15, [0, 2, 4])], ids=["epoch1-mid", "epoch2-end"])
+def test_a_resumed_run_reloads_its_dataloaders_at_the_same_epochs(tmp_path: Path, stop_step: int, loads: list[int]) -> None:
+    # 5 steps per epoch; the loaders are reloaded at the epochs that are multiples of 2, resumed or not. The resumed run
+    # builds them before the checkpoint is read (at epoch 0), again at the restored epoch (after the restore, as
+    # Lightning), then on the straight run's schedule. Before, it counted 2 epochs from the restored one (epoch1-mid: a
+    # reload at 3, none at 2) and trained on the loader built at epoch 0 (epoch2-end: the stage-0 curriculum in epoch 3)
+    straight, _ = _fit_curriculum(tmp_path / "straight", 25, stop_step=stop_step)
+    first, _ = _fit_curriculum(tmp_path, stop_step, stop_step=stop_step)
+    resumed, trainer = _fit_curriculum(tmp_path, 25, stop_step=stop_step, init_seed=99, ckpt_path="last")
+    assert straight.loads == [0, 2, 4]
+    assert resumed.loads == loads
+    assert trainer.global_step == 25
+    assert {**first.losses, **resumed.losses} == straight.losses
+    assert_same_weights(straight, resumed)

@@ -128,3 +128,47 @@ def test_checks_after_each_validation_when_it_runs_within_the_epoch(tmp_path: Pa
     # stops after the first batch of epoch 2 (checking only at epoch ends, 5 | 3 | 4 would not stop)
     trainer = fit(tmp_path, [counter, es], max_epochs=3, val_check_interval=1, enable_checkpointing=False)
     assert es.stopped_epoch == 2 and trainer.global_step == 5 and counter.epochs == 3
+
+
+# ------------------------------------------------------------------------------- Lightning's signature
+class _View:
+    """Just what `EarlyStopping._log_info` reads from the trainer."""
+
+    def __init__(self, world_size: int, global_rank: int) -> None:
+        self.world_size, self.global_rank, self.is_global_zero = world_size, global_rank, global_rank == 0
+
+
+def test_lightning_parameter_order_and_verbose() -> None:
+    es = EarlyStopping("val_loss", 0.5, 7, True, "max", False, False, 1.0, -1.0, True, True)
+    assert (es.monitor, es.min_delta, es.patience, es.verbose, es.mode, es.strict, es.check_finite) == (
+        "val_loss", 0.5, 7, True, "max", False, False)
+    assert (es.stopping_threshold, es.divergence_threshold, es.check_on_train_epoch_end, es.log_rank_zero_only) == (
+        1.0, -1.0, True, True)
+    assert EarlyStopping(monitor="val_loss", verbose=True).verbose is True
+    with pytest.raises(TypeError, match="verbose='yes'"):
+        EarlyStopping("val_loss", verbose="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("world_size, rank, rank_zero_only, expected", [
+    (1, 0, False, "msg\n"), (1, 0, True, "msg\n"), (2, 1, False, "[rank: 1] msg\n"), (2, 1, True, ""),
+    (2, 0, True, "[rank: 0] msg\n"),
+])
+def test_verbose_output_per_rank(capsys: pytest.CaptureFixture[str], world_size: int, rank: int, rank_zero_only: bool,
+                                 expected: str) -> None:
+    EarlyStopping("loss", verbose=True, log_rank_zero_only=rank_zero_only)._log_info(_View(world_size, rank), "msg")  # type: ignore[arg-type]
+    assert capsys.readouterr().out == expected
+
+
+def test_verbose_reports_improvements_and_the_stop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fit(tmp_path, [EarlyStopping("val_loss", patience=2, verbose=True)], module=ScriptedNet(PLATEAU),
+        max_epochs=len(PLATEAU), enable_checkpointing=False)
+    out = capsys.readouterr().out
+    assert "Metric val_loss improved. New best score: 5.000" in out
+    assert "Metric val_loss improved by 1.000 >= min_delta = 0.0. New best score: 4.000" in out
+    assert "did not improve in the last 2 checks" in out
+
+
+def test_quiet_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    es = EarlyStopping("val_loss", patience=2)
+    fit(tmp_path, [es], module=ScriptedNet(PLATEAU), max_epochs=len(PLATEAU), enable_checkpointing=False)
+    assert es.stopping_reason is not None and "improve" not in capsys.readouterr().out

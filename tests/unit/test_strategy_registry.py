@@ -13,16 +13,19 @@ from trainer.cli.accelerate_config import _DISTRIBUTED_TYPES
 from trainer.cli.launch import check_strategy_name
 from trainer.fit import args as trainer_args
 
+# Lightning's DDP names: the find_unused_parameters presets, and "ddp_spawn"/"ddp_notebook" (run as "ddp", see below)
+LIGHTNING_DDP = {"ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false", "ddp_spawn", "ddp_notebook"}
 NAMES = {"auto", "single", "single_device", "ddp", "fsdp", "fsdp2", "fsdp1", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2",
-         "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload", "xla", "tpu"}
+         "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload", "xla", "tpu", *LIGHTNING_DDP}
 LAUNCHABLE = {"auto", "ddp", "fsdp", "fsdp2", "deepspeed", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload",
-              "deepspeed_stage_3", "deepspeed_stage_3_offload"}
+              "deepspeed_stage_3", "deepspeed_stage_3_offload", *LIGHTNING_DDP}
 
 
 def test_every_name_has_one_entry_and_aliases_share_it() -> None:
     assert set(REGISTRY) == set(STRATEGIES) == NAMES
     assert {name for name, entry in REGISTRY.items() if entry.launchable} == LAUNCHABLE
     assert REGISTRY["fsdp2"] is REGISTRY["fsdp"] and REGISTRY["tpu"] is REGISTRY["xla"] and REGISTRY["single_device"] is REGISTRY["single"]
+    assert REGISTRY["ddp_spawn"] is REGISTRY["ddp_notebook"] is REGISTRY["ddp_find_unused_parameters_false"] is REGISTRY["ddp"]
     for name, entry in REGISTRY.items():
         assert STRATEGIES[name] is entry.build
         if isinstance(entry.build, type):  # a strategy class: its `name` is the entry's, which `distributed_type` looks up
@@ -102,3 +105,25 @@ def _trainer_defaults(**given: Any) -> dict[str, Any]:
 
     kw = {name: p.default for name, p in inspect.signature(Trainer.__init__).parameters.items() if name != "self"}
     return {**kw, "accelerator": "cpu", "logger": False, **given}
+
+
+@pytest.mark.parametrize(("name", "find_unused"), [
+    ("ddp_find_unused_parameters_true", True), ("ddp_find_unused_parameters_false", False), ("ddp_spawn", False),
+    ("ddp_notebook", False),
+])
+def test_lightnings_ddp_names(name: str, find_unused: bool) -> None:
+    one = detect_environment({})
+    strategy = resolve_strategy(name.upper(), cluster=one, cpu=True)
+    assert isinstance(strategy, strategies.DDPStrategy) and strategy.name == "ddp"
+    assert strategy.ddp_kwargs["find_unused_parameters"] is find_unused
+    assert check_strategy_name(name) == REGISTRY[name].name
+
+
+def test_a_launch_from_a_notebook_names_notebook_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's "ddp_notebook" forks the kernel; here `fit` re-runs the script, so a notebook gets `notebook_launcher`."""
+    monkeypatch.setattr(trainer_args, "can_rerun_current_script", lambda: False)
+    with pytest.raises(RuntimeError, match=r"strategy='ddp_notebook', devices=2.*notebook_launcher\(train, num_processes=2\)"):
+        trainer_args.check_arguments(**_trainer_defaults(strategy="ddp_notebook", devices=2))
+    assert not trainer_args.check_arguments(**_trainer_defaults(strategy="ddp_notebook", devices=1)).launch_processes
+    monkeypatch.undo()
+    assert trainer_args.check_arguments(**_trainer_defaults(strategy="ddp_spawn", devices=2)).launch_processes

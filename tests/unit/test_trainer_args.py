@@ -15,7 +15,7 @@ QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_mo
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"strategy": "fsdp3"}, ValueError, "strategy='fsdp3' is not known; choose one of 'auto', 'ddp', 'deepspeed', 'deepspeed_stage_1'"),
+        ({"strategy": "fsdp3"}, ValueError, "strategy='fsdp3' is not known; choose one of 'auto', 'ddp', 'ddp_find_unused_parameters_false'"),
         ({"devices": 0}, ValueError, "devices=0 must be 'auto' or a positive int"),
         ({"devices": "2"}, ValueError, "devices='2'"),
         ({"strategy": "single", "devices": 2}, ValueError, "strategy='single' runs one process but devices=2"),

@@ -1,5 +1,6 @@
 """Lightning's remaining `Trainer` arguments, with Lightning's meaning: num_nodes, overfit_batches, sync_batchnorm,
-use_distributed_sampler, reload_dataloaders_every_n_epochs, inference_mode, detect_anomaly, benchmark, profiler."""
+use_distributed_sampler, reload_dataloaders_every_n_epochs, inference_mode, detect_anomaly, benchmark, profiler, max_time,
+min_epochs, min_steps, barebones; and the methods' return_predictions and weights_only."""
 
 from __future__ import annotations
 
@@ -201,3 +202,140 @@ def test_lr_monitor_names_param_groups_and_momentum_as_lightning(tmp_path: Any) 
     trainer.fit(NamedGroups())
     header = set((tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(","))
     assert {"lr-SGD/encoder", "lr-SGD/pg2", "lr-SGD/encoder-momentum", "lr-SGD/pg2-momentum"} <= header
+
+
+# ------------------------------------------------------------------------ max_time, min_epochs, min_steps, barebones
+class StopAsked(Callback):
+    """Asks to stop at the end of every training batch (or epoch), as early stopping would."""
+
+    def __init__(self, where: str = "batch") -> None:
+        self.where = where
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.where == "batch":
+            trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self.where == "epoch":
+            trainer.should_stop = True
+
+
+def _fit(tmp_path: Any, batches: int = 4, **kwargs: Any) -> Trainer:
+    trainer = Trainer(project_dir=tmp_path, **{**QUIET, **kwargs})
+    trainer.fit(Recorder(shuffle=False), DataLoader(_data(batches * 4), batch_size=4))
+    return trainer
+
+
+@pytest.mark.parametrize("max_time", ["00:00:01:00", __import__("datetime").timedelta(minutes=1), {"minutes": 1}])
+def test_max_time_adds_a_timer(max_time: Any) -> None:
+    from callbacks.timer import Timer
+
+    trainer = Trainer(max_time=max_time, **QUIET)
+    (timer,) = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]
+    assert timer.duration is not None and timer.duration.total_seconds() == 60 and timer.interval == "step"
+    assert trainer.max_epochs is None  # Lightning: a time limit and no max_epochs/max_steps means no epoch limit
+
+
+def test_max_time_gives_way_to_a_timer_and_is_checked() -> None:
+    from callbacks.timer import Timer
+
+    mine = Timer(duration={"hours": 1})
+    with pytest.warns(UserWarning, match="max_time.*ignored"):
+        trainer = Trainer(max_time="00:00:01:00", callbacks=[mine], **QUIET)
+    assert [cb for cb in trainer.callbacks if isinstance(cb, Timer)] == [mine]
+    with pytest.raises(ValueError, match=r"max_time='1h'.*DD:HH:MM:SS"):
+        Trainer(max_time="1h")
+    with pytest.raises(TypeError, match="max_time=60"):
+        Trainer(max_time=60)
+
+
+def test_max_time_stops_training(tmp_path: Any) -> None:
+    trainer = _fit(tmp_path, max_time={"microseconds": 1})  # spent after the first batch
+    assert trainer.global_step == 1 and trainer.max_epochs is None
+
+
+@pytest.mark.parametrize(("limits", "steps", "epochs"), [
+    ({}, 1, 1),  # the stop asked after the first batch ends the epoch there
+    ({"min_steps": 6}, 6, 2),  # min_steps without min_epochs: also a whole first epoch (Lightning's rule)
+    ({"min_steps": 2}, 4, 1),
+    ({"min_steps": 2, "min_epochs": 0}, 2, 1),
+    ({"min_epochs": 2}, 8, 2),
+])
+def test_min_steps_and_min_epochs_hold_back_a_stop(tmp_path: Any, limits: dict[str, int], steps: int, epochs: int) -> None:
+    trainer = _fit(tmp_path, max_epochs=5, callbacks=[StopAsked()], **limits)
+    assert (trainer.global_step, trainer.current_epoch) == (steps, epochs)
+
+
+def test_min_epochs_with_a_stop_at_epoch_end(tmp_path: Any) -> None:
+    assert _fit(tmp_path, max_epochs=10, callbacks=[StopAsked("epoch")], min_epochs=3).current_epoch == 3
+    assert _fit(tmp_path, max_epochs=10, callbacks=[StopAsked("epoch")]).current_epoch == 1
+    assert _fit(tmp_path, max_epochs=2, callbacks=[StopAsked("epoch")], min_epochs=3).current_epoch == 2  # max_epochs wins
+    with pytest.raises(ValueError, match="min_steps=-1"):
+        Trainer(min_steps=-1)
+
+
+def test_barebones_turns_off_what_costs_speed(tmp_path: Any) -> None:
+    trainer = Trainer(barebones=True, max_epochs=1, project_dir=tmp_path)
+    assert trainer.callbacks == [] and trainer.num_sanity_val_steps == 0 and trainer.barebones
+
+    class Logs(Recorder):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss = super().training_step(batch, batch_idx)
+            self.log("loss", loss)
+            return loss
+
+    with pytest.warns(UserWarning, match="barebones"):
+        trainer.fit(Logs(), DataLoader(_data(8), batch_size=4))
+    assert trainer.global_step == 2 and trainer.callback_metrics == {}
+    assert not list(tmp_path.iterdir())  # no logs, no checkpoints
+
+
+@pytest.mark.parametrize("turned_on", [
+    {"enable_checkpointing": True}, {"enable_progress_bar": True}, {"enable_model_summary": True}, {"logger": True},
+    {"log_every_n_steps": 50}, {"num_sanity_val_steps": 2}, {"fast_dev_run": True}, {"detect_anomaly": True},
+    {"profiler": "simple"}, {"log_with": "tensorboard"},
+])
+def test_barebones_refuses_what_was_turned_on(turned_on: dict[str, Any]) -> None:
+    (name, value), = turned_on.items()
+    with pytest.raises(ValueError, match=rf"barebones=True, {name}={value!r}"):
+        Trainer(barebones=True, **turned_on)
+
+
+# ------------------------------------------------------------------------ predict(return_predictions=...), weights_only
+class Predicts(Recorder):
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return batch[0][:, 0]
+
+
+class WritesPredictions(Callback):
+    def __init__(self) -> None:
+        self.written: list[torch.Tensor] = []
+
+    def on_predict_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.written.append(outputs)
+
+
+def test_predict_without_returning_predictions(tmp_path: Any) -> None:
+    writer = WritesPredictions()
+    trainer = Trainer(project_dir=tmp_path, callbacks=[writer], **QUIET)
+    loader = DataLoader(_data(8), batch_size=4)
+    assert trainer.predict(Predicts(), loader, return_predictions=False) is None
+    assert torch.cat(writer.written).tolist() == _data(8).tensors[0][:, 0].tolist()
+    returned = trainer.predict(Predicts(), loader, None, True)  # Lightning's order: model, dataloaders, datamodule, return_predictions
+    assert returned is not None and torch.cat(returned).tolist() == _data(8).tensors[0][:, 0].tolist()
+
+
+def test_weights_only(tmp_path: Any) -> None:
+    trainer = Trainer(project_dir=tmp_path, max_epochs=1, **{**QUIET, "enable_checkpointing": True})
+    module, loader = Predicts(), DataLoader(_data(8), batch_size=4)
+    trainer.fit(module, loader, weights_only=None)
+    assert "val_loss" in trainer.validate(module, loader, ckpt_path="last", weights_only=True)[0]
+    assert trainer.checkpoint_callback is not None
+    assert isinstance(Predicts.load_from_checkpoint(trainer.checkpoint_callback.best_model_path, weights_only=True), Predicts)
+    for call in (lambda: trainer.fit(module, loader, weights_only=False), lambda: trainer.test(module, loader, weights_only=False),
+                 lambda: trainer.predict(module, loader, weights_only=False),
+                 lambda: type(module).load_from_checkpoint(tmp_path, weights_only=False)):
+        with pytest.raises(ValueError, match=r"weights_only=False\) asks to unpickle the checkpoint, but checkpoints here hold no pickles"):
+            call()
+    with pytest.raises(TypeError, match="weights_only='yes'"):
+        trainer.validate(module, loader, weights_only="yes")  # type: ignore[arg-type]

@@ -400,3 +400,82 @@ def test_batch_end_outputs_are_detached_once_with_the_logged_loss(tmp_path: Any)
     # batch 2 logged another tensor: its output is detached on its own, and the stale "loss" is not reused
     assert losses[2] is not seen.seen[2][1]["loss"] and losses[2] is not seen.seen[2][1]["other"]
     assert float(seen.seen[2][1]["other"]) == pytest.approx(2 * float(losses[2]))
+
+
+# ------------------------------------------------------------------------------------- Lightning's other arguments
+def _two_process_store(reduced: list[str]) -> ResultsStore:
+    """A store that believes it is one of two processes; `reduced` records each collective reduction."""
+    return ResultsStore(device=torch.device("cpu"), reduce=lambda t, op: reduced.append(op) or t,
+                        gather_object=lambda o: [o, o], world_size=2)
+
+
+def test_rank_zero_only_never_synchronizes() -> None:
+    reduced: list[str] = []
+    store = _two_process_store(reduced)
+    store.set_context("train", True)
+    store.log("r0", torch.tensor(3.0), on_epoch=True, sync_dist=True, rank_zero_only=True, batch_size=1)
+    store.log("r0", torch.tensor(5.0), on_epoch=True, sync_dist=True, rank_zero_only=True, batch_size=1)  # the fast path
+    assert store.flush_step() == {"r0_step": 5.0}
+    assert store.reduce_epoch("train")[0] == {"r0_epoch": 4.0}
+    assert reduced == []  # the process's own values: no collective another process would have to join
+    store.set_context("train", True)
+    store.log("synced", torch.tensor(1.0), sync_dist=True)
+    store.flush_step()
+    assert reduced == ["sum"]  # without rank_zero_only, sync_dist reduces
+
+
+def test_rank_zero_only_refuses_a_metric_on_several_processes() -> None:
+    torchmetrics = pytest.importorskip("torchmetrics")
+    store = _two_process_store([])
+    store.set_context("validation", False)
+    with pytest.raises(ValueError, match="synchronizes itself in compute"):
+        store.log("m", torchmetrics.SumMetric(), rank_zero_only=True)
+
+
+def test_sync_dist_group() -> None:
+    store = _store()
+    store.set_context("validation", False)
+    store.log("a", 1.0, sync_dist=True, sync_dist_group=None)
+    with pytest.raises(NotImplementedError, match=r"sub-group of processes is not supported.*sync_dist_group=None"):
+        store.log("b", 1.0, sync_dist=True, sync_dist_group=object())
+
+
+def test_enable_graph_keeps_the_step_values_graph() -> None:
+    store = _store()
+    store.set_context("train", True)
+    weight = torch.tensor(2.0, requires_grad=True)
+    for _ in range(2):  # the checked call, then the fast path
+        store.log("kept", weight * 3, on_epoch=True, enable_graph=True, batch_size=1)
+        store.log("plain", weight * 3, batch_size=1)
+        assert store.callback_metrics["kept"].grad_fn is not None and store.callback_metrics["plain"].grad_fn is None
+    store.callback_metrics["kept"].backward()
+    assert weight.grad == 3.0
+    values, _ = store.reduce_epoch("train")
+    assert values == {"kept_epoch": 6.0} and not store._entries["train"]["kept"].updates  # accumulators held no graph
+
+
+def test_metric_attribute_is_accepted() -> None:
+    store = _store()
+    store.set_context("validation", False)
+    store.log("a", 1.0, metric_attribute="metric")
+    with pytest.raises(TypeError, match="metric_attribute=3"):
+        store.log("b", 1.0, metric_attribute=3)  # type: ignore[arg-type]
+
+
+class LogsPositionally(Logs):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        loss = self.layer(x).pow(2).mean()
+        # Lightning's order: name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist, ...
+        self.log("shown", loss, True, None, False, True, "sum")
+        self.log_dict({"quiet": loss}, False, False, rank_zero_only=True)
+        self.log("r0", loss, rank_zero_only=True, sync_dist=True, sync_dist_group=None, metric_attribute=None)
+        return loss
+
+
+def test_log_takes_lightnings_positional_order(tmp_path: Any) -> None:
+    trainer = _trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(LogsPositionally(), _data(4, 2))
+    assert "shown" in trainer.progress_bar_metrics and "shown" in trainer.logged_metrics  # prog_bar, logger=None: True
+    assert "quiet" in trainer.callback_metrics and "quiet" not in trainer.logged_metrics  # logger=False
+    assert "r0" in trainer.logged_metrics

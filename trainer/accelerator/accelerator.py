@@ -31,20 +31,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from strategies import REGISTRY, Strategy, resolve_auto, resolve_strategy
+from strategies import Strategy
 from strategies.abilities import Engine
 from strategies.checkpoint_io import save_model_weights, save_safetensors, torch_save
 from strategies.collectives import apply_to_tensors
 from strategies.compile import apply_compile, recompile_with, unwrap_compiled
-from strategies.deepspeed import DeepSpeedStrategy
-from strategies.environment import detect_environment, env_flag, env_setting
-from strategies.fsdp import FSDPStrategy
+from strategies.environment import env_flag, env_setting
 from strategies.precision import normalize_precision
-from strategies.xla import xla_device_present
 from trainer.accelerator import state as accelerator_state
+from trainer.accelerator.builder import accumulation_plugin, build_strategy
 from trainer.accelerator.config import (
     DataLoaderConfiguration,
-    DDPKwargs,
     DeepSpeedPlugin,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
@@ -120,7 +117,7 @@ class Accelerator(ProcessLayout):
             )
         mixed_precision = normalize_precision(mixed_precision or env_setting("MIXED_PRECISION", "no"))
         cpu = bool(env_flag("CPU")) if cpu is None else bool(cpu)
-        self.gradient_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
+        self.gradient_plugin = accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             self.dataloader_config.split_batches = bool(split_batches)
@@ -130,28 +127,14 @@ class Accelerator(ProcessLayout):
         self.project_configuration = project_config or ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
-        ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
-        named = _registry_name(strategy)
-        if deepspeed_plugin is None and named == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):
-            deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_PLUGIN"))))  # from `trainer launch`'s config
-        if deepspeed_plugin is not None:
-            if strategy is not None and named != "deepspeed":
-                raise ValueError(f"deepspeed_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='deepspeed')")
-            strategy = DeepSpeedStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
-                                         **deepspeed_plugin.strategy_kwargs())
-        if fsdp_plugin is None and named == "fsdp" and env_setting("FSDP_PLUGIN"):
-            fsdp_plugin = FullyShardedDataParallelPlugin(**json.loads(str(env_setting("FSDP_PLUGIN"))))  # `trainer launch`'s config
-        if fsdp_plugin is not None:
-            if deepspeed_plugin is not None or (strategy is not None and named != "fsdp"):
-                raise ValueError(f"fsdp_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='fsdp')")
-            strategy = FSDPStrategy(cluster=detect_environment(), cpu=cpu, precision=mixed_precision, timeout=process_group_timeout,
-                                    **fsdp_plugin.strategy_kwargs())
+        strategy = build_strategy(strategy, precision=mixed_precision, cpu=cpu, timeout=process_group_timeout,
+                                  kwargs_handlers=kwargs_handlers, deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin)
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both (the plugin carries a backend)")
         if dynamo_plugin is None and dynamo_backend is None and env_setting("DYNAMO_PLUGIN"):
             dynamo_plugin = TorchDynamoPlugin(**json.loads(str(env_setting("DYNAMO_PLUGIN"))))  # `trainer launch`'s config
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
-        self.strategy = _build_strategy(strategy, cpu=cpu, precision=mixed_precision, timeout=process_group_timeout, ddp=ddp)
+        self.strategy = strategy
         self.strategy.setup_environment()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
@@ -259,9 +242,18 @@ class Accelerator(ProcessLayout):
         placements = device_placement or [self.device_placement] * len(args)
         for obj in args:
             if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)) and not _is_scheduler(obj):
+                # Accelerate returns what it does not know unchanged, silently; data that is not a DataLoader is the costly case
+                data = isinstance(obj, torch.utils.data.Dataset) or (hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, Mapping)))
+                fix = (
+                    ", so every process reads all of it (nothing is sharded). Wrap the data in a torch.utils.data.DataLoader (for "
+                    "a generator or stream: over an IterableDataset whose __iter__ yields the samples) and prepare that loader"
+                    if data else "; prepare() takes models, optimizers, LR schedulers and torch.utils.data.DataLoader objects: "
+                    "leave this one out of prepare() and use it as it is"
+                )
+                name = type(obj).__name__
                 warnings.warn(
-                    f"prepare() got a {type(obj).__name__} ({obj!r:.60}), which it does not prepare; it is returned unchanged. "
-                    "prepare() takes models, optimizers, LR schedulers and torch.utils.data.DataLoader objects",
+                    f"prepare() got {'an' if name[:1] in 'aeiouAEIOU' else 'a'} {name} ({obj!r:.60}), which it does not prepare; "
+                    f"it is returned unchanged{fix}",
                     stacklevel=2,
                 )
         # Models first: optimizers must see the parameters after they moved to the device.
@@ -577,8 +569,8 @@ class Accelerator(ProcessLayout):
     def load_state(self, input_dir: str | os.PathLike | None = None, *, strict: bool = True, verify: bool = True, **kwargs: Any) -> dict[str, Any]:
         """Restore what `save_state` wrote; returns its ``extra_state``. No path: the newest automatic checkpoint.
 
-        Every file is checked against the manifest's SHA-256 first (split across the processes); ``verify=False``
-        checks only names and sizes, for a faster load from storage you trust.
+        Every file's name and size is checked against the manifest first, and its hash (xxh3-128 or SHA-256, as the
+        manifest says) in the same pass that reads it; ``verify=False`` checks only names and sizes.
         """
         _check_path(input_dir, "input_dir")
         return accelerator_state.load_state(self, input_dir, strict=strict, verify=verify, **kwargs)
@@ -641,43 +633,6 @@ class Accelerator(ProcessLayout):
 
     def __repr__(self) -> str:
         return f"Accelerator(strategy={self.strategy!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
-
-
-def _accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
-    if plugin is not None and steps not in (None, 1):
-        raise ValueError("pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both")
-    if plugin is not None:
-        return plugin
-    if steps is None:
-        raw = env_setting("GRADIENT_ACCUMULATION_STEPS", "1")
-        try:
-            steps = int(raw)  # type: ignore[arg-type]
-        except ValueError:
-            raise ValueError(f"TRAINWRIGHT_GRADIENT_ACCUMULATION_STEPS={raw!r} is not an int; set it to e.g. 4") from None
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"gradient_accumulation_steps={steps!r} must be an int >= 1")
-    return GradientAccumulationPlugin(num_steps=steps)
-
-
-def _build_strategy(strategy: str | Strategy | None, *, cpu: bool, precision: str, timeout: float | None, ddp: DDPKwargs | None) -> Strategy:
-    if isinstance(strategy, Strategy):
-        return strategy
-    name = strategy or env_setting("STRATEGY", "auto")
-    cluster = detect_environment()
-    kwargs: dict[str, Any] = {"cluster": cluster, "cpu": cpu, "precision": precision, "timeout": timeout}
-    resolved = resolve_auto(_registry_name(name) or str(name), distributed=cluster.is_distributed, xla=not cpu and xla_device_present())
-    if ddp is not None and resolved == "ddp":
-        kwargs.update(find_unused_parameters=ddp.find_unused_parameters, static_graph=ddp.static_graph,
-                      bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
-    return resolve_strategy(name, **kwargs)
-
-
-def _registry_name(strategy: Any) -> str | None:
-    """The registry's name for a strategy name (an alias such as ``"fsdp2"`` gives ``"fsdp"``); None for an instance or
-    an unknown name (`resolve_strategy` refuses that one)."""
-    name = strategy if strategy is not None else env_setting("STRATEGY", "auto")
-    entry = REGISTRY.get(str(name).lower()) if isinstance(name, str) else None
-    return entry.name if entry is not None else None
 
 
 def _check_path(value: Any, name: str) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from strategies import REGISTRY, Strategy
 from strategies.sharding import split_for_process
+from trainer.accelerator.builder import strategy_from_name
 from trainer.accelerator.config import DistributedType
 
 _shared: list[Strategy] = []  # the process's layout
@@ -182,9 +183,7 @@ class PartialState(ProcessLayout):
         if kwargs:
             raise TypeError(f"PartialState() got unsupported arguments {sorted(kwargs)}; it takes only cpu=")
         if not _shared:
-            from trainer.accelerator.accelerator import _build_strategy  # lazy: import cycle (it imports this module)
-
-            strategy = _build_strategy(None, cpu=cpu, precision="no", timeout=None, ddp=None)
+            strategy = strategy_from_name(None, cpu=cpu, precision="no", timeout=None, ddp=None)
             strategy.setup_environment()
             share_strategy(strategy)
         self._strategy = _shared[0]

@@ -70,6 +70,7 @@ def save_state(
         raise ValueError("save_state() needs an output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
     else:
         final = Path(output_dir)
+    same_directory_everywhere(accelerator, final, "save_state")
     strategy, rank = accelerator.strategy, accelerator.process_index
     main = accelerator.is_main_process
     writer = io.CheckpointWriter(final)
@@ -83,6 +84,7 @@ def save_state(
         _write_shared(accelerator, writer, extra_state)
         for name, data in (extra_json or {}).items():
             writer.save_json(name, data)
+    writer.sync()  # this process's files are on disk before the manifest lists them
     entries = strategy.all_gather_object(writer.files) if accelerator.num_processes > 1 else [writer.files]
     if main:
         manifest = {"num_processes": accelerator.num_processes, "world_size": accelerator.num_processes, "sharded": strategy.sharded,
@@ -96,6 +98,26 @@ def save_state(
     if config.automatic_checkpoint_naming:
         config.iteration += 1
     return str(final)
+
+
+def same_directory_everywhere(accelerator: Accelerator, path: Path, what: str) -> None:
+    """Refuse, on every process and before anything is written or read, a checkpoint directory that differs between
+    the processes: a checkpoint is one directory each process writes its part into (with ``manifest.json``, written
+    last by the main process), so the others' directories would stay incomplete. Accelerate's own data-loop test gives
+    each process its own ``tempfile.TemporaryDirectory()``; the other process then failed in ``load_state`` ("no
+    manifest.json") and this one in a collective with gloo's "Connection reset by peer"."""
+    if accelerator.num_processes == 1:
+        return
+    paths = accelerator.strategy.all_gather_object(os.path.normpath(str(path)))
+    if len(set(paths)) > 1:
+        listed = ", ".join(f"rank {rank} {given!r}" for rank, given in enumerate(paths))
+        raise ValueError(
+            f"{what}() got a different directory on each process ({listed}); a checkpoint is one directory that every "
+            "process writes its part into (on several machines: the same path on each). Pass the same path on every "
+            "process: a tempfile.TemporaryDirectory() made on each process is not; make it on the main process and share "
+            "its name (accelerator.gather_object([name])[0] or broadcast_object_list), or use "
+            "ProjectConfiguration(automatic_checkpoint_naming=True)"
+        )
 
 
 def _write_shared(accelerator: Accelerator, writer: io.CheckpointWriter, extra_state: dict[str, Any] | None) -> None:
@@ -149,21 +171,23 @@ def load_state(
     *,
     strict: bool = True,
     verify: bool = True,
-    manifest: dict[str, Any] | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Restore a directory written by `save_state`; returns its ``extra_state``.
 
     Loads only safetensors, JSON and ``torch.load(weights_only=True)`` data, so a tampered checkpoint is
-    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed. Every file is checked
-    against the manifest first: names, sizes and (unless ``verify=False``) SHA-256s, one more read of the
-    checkpoint split across the processes. A checkpoint of another process count is refused, unless it is
-    sharded (then it is resharded, with a warning that the data order changes).
+    refused with a `CheckpointError` (a `ValueError`) and nothing in it is executed. The names and sizes of the
+    files are checked against the manifest first; then each file's digest (unless ``verify=False``) in the same
+    pass that reads it, before any of it is used (`strategies.checkpoint_io.CheckpointReader`), each process
+    checking what it reads and the processes agreeing at the end. A damaged file stops the load there (on every
+    process), with what was read before it loaded. A checkpoint of another process count is refused, unless it
+    is sharded (then it is resharded, with a warning that the data order changes).
     """
     path = resolve_load_dir(accelerator, input_dir)
-    if manifest is None:  # the Trainer passes the one it verified (hashes included)
-        share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
-        manifest = io.verify_checkpoint(path, share=share, hashes=verify)
+    same_directory_everywhere(accelerator, path, "load_state")
+    share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
+    reader = io.open_checkpoint(path, share=share, hashes=verify)
+    manifest = reader.manifest
     _check_process_count(manifest, path, accelerator.num_processes)
     for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
         if manifest.get(kind, len(have)) != len(have):
@@ -171,14 +195,27 @@ def load_state(
                 f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
                 "prepare the same objects as when it was saved"
             )
-    accelerator.strategy.load_checkpoint(path, accelerator._models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
+    with reader.agreed():
+        extra = _load_files(accelerator, reader, manifest, strict)
+    config = accelerator.project_configuration
+    if config.automatic_checkpoint_naming and (m := _NUMBERED.match(path.name)):
+        config.iteration = int(m.group(1)) + 1
+    if not isinstance(extra, dict):
+        raise io.CheckpointError(f"{path / 'extra_state.json'} is not a JSON object; the checkpoint was tampered with")
+    return extra
+
+
+def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any], strict: bool) -> Any:
+    """Every file `load_state` restores, each read (and checked) once through `reader`; returns the extra state."""
+    path = reader.directory
+    accelerator.strategy.load_checkpoint(reader, accelerator._models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
     for i, sched in enumerate(accelerator._schedulers):
-        sched.load_state_dict(io.torch_load(path / io.indexed("scheduler", i, "bin")))
+        sched.load_state_dict(reader.torch_load(io.indexed("scheduler", i, "bin")))
     if (path / "scaler.bin").exists():
-        accelerator.strategy.precision.load_state_dict(io.torch_load(path / "scaler.bin"))
+        accelerator.strategy.precision.load_state_dict(reader.torch_load("scaler.bin"))
     for i, obj in enumerate(accelerator._custom_objects):
-        obj.load_state_dict(io.torch_load(path / f"custom_checkpoint_{i}.bin"))
-    data = io.read_json(path / "dataloaders.json")
+        obj.load_state_dict(reader.torch_load(f"custom_checkpoint_{i}.bin"))
+    data = reader.read_json("dataloaders.json")
     accelerator._data_seed = data.get("data_seed", accelerator._data_seed)
     accelerator.step = int(data.get("step", 0))
     loaders = [loader for loader in accelerator._dataloaders if hasattr(loader, "load_state_dict")]
@@ -187,16 +224,10 @@ def load_state(
     rng = path / f"random_states_{accelerator.process_index}.safetensors"
     saved_world = int(manifest.get("world_size", manifest.get("num_processes", accelerator.num_processes)))
     if rng.exists():
-        io.load_rng_state(rng)
+        reader.load_rng_state(rng.name)
     elif accelerator.process_index < saved_world:  # (a resharded checkpoint of fewer processes has none for the new ranks)
         raise io.CheckpointError(
             f"checkpoint {str(path)!r} has no {rng.name}: the RNG states of process {accelerator.process_index} are missing, "
             "so the run would not continue as it would have; load an intact checkpoint"
         )
-    config = accelerator.project_configuration
-    if config.automatic_checkpoint_naming and (m := _NUMBERED.match(path.name)):
-        config.iteration = int(m.group(1)) + 1
-    extra = io.read_json(path / "extra_state.json")
-    if not isinstance(extra, dict):
-        raise io.CheckpointError(f"{path / 'extra_state.json'} is not a JSON object; the checkpoint was tampered with")
-    return extra
+    return reader.read_json("extra_state.json")

@@ -1,7 +1,7 @@
 """`Stepper`: the one training step both faces drive.
 
     boundary = stepper.advance(end_of_data)        # Accelerator face: accumulate() counts the batches (Accelerate's
-                                                   # GradientState); the Trainer sets it from its saved loop position
+                                                   # GradientState); the Trainer: stepper.at_position(position, last)
     with stepper.sync_context(models):             # no gradient reduction inside an accumulation window
         loss = ...
         stepper.backward(loss)                     # divided by the accumulation steps, scaled (fp16)
@@ -76,6 +76,13 @@ class Stepper:
         else:
             self.batches_in_window += 1
             self.sync_gradients = self.batches_in_window % self.accumulation_steps == 0
+        return self.sync_gradients
+
+    def at_position(self, position: int, last: bool) -> bool:
+        """Lightning's rule, for a loop that counts its own window (the Trainer saves the position in checkpoints):
+        the batch at `position` in its window ends it when the window is full or the epoch ends (`last`). Returns
+        `sync_gradients`."""
+        self.sync_gradients = position + 1 >= self.accumulation_steps or last
         return self.sync_gradients
 
     def sync_context(self, models: Iterable[nn.Module]) -> AbstractContextManager[Any]:

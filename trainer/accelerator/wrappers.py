@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from trainer.accelerator.accelerator import Accelerator
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -15,7 +18,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     It is an `Optimizer` (so schedulers can be built on it) that forwards everything to the wrapped one.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any, original: torch.optim.Optimizer | None = None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Accelerator, original: torch.optim.Optimizer | None = None) -> None:
         self.optimizer = optimizer
         self.original = optimizer if original is None else original  # what the user passed (an engine may wrap it)
         self.accelerator = accelerator
@@ -85,7 +88,7 @@ class PreparedScheduler:
     Accelerate, so a schedule written for one process ends at the same point of the data.
     """
 
-    def __init__(self, scheduler: Any, accelerator: Any, optimizers: list[PreparedOptimizer]) -> None:
+    def __init__(self, scheduler: Any, accelerator: Accelerator, optimizers: list[PreparedOptimizer]) -> None:
         self.scheduler = scheduler
         self.accelerator = accelerator
         self.optimizers = optimizers

@@ -143,7 +143,10 @@ def describe_failure(error: Any, prefer: Collection[int] = (), hung: Sequence[Ma
     failures = error.failures
     report = next((r for r in hung if r.get("missing")), None)
     if report is not None:
-        return _describe_hang(failures, report)
+        # a missing rank that had already ended with a failure when the waiting rank looked (a signal, an exception)
+        # did not hang: it died, and the others failed because it left
+        dead = [r for r in report["missing"] if r in report.get("gone", ()) and r in failures]
+        return _describe_death(failures, dead[0], report) if dead else _describe_hang(failures, report)
 
     def order(item: tuple[int, Any]) -> tuple[bool, bool, bool, int, int]:
         rank, failure = item
@@ -151,14 +154,46 @@ def describe_failure(error: Any, prefer: Collection[int] = (), hung: Sequence[Ma
         return (rank not in prefer, stopped_by_agent(failure.exitcode), failure.exitcode == -_sigterm(), failure.timestamp, rank)
 
     rank, first = min(failures.items(), key=order)
-    code, how = _exit_code(first.exitcode)
-    lines = [f"trainer launch: rank {rank} (local rank {first.local_rank}, pid {first.pid}) {how}"]
-    if first.error_file != "<N/A>" and first.message:
-        lines.append(f"  error: {first.message}")
+    code, lines = _first_lines(rank, first)
     others = [f"rank {r} ({_exit_code(f.exitcode)[1]})" for r, f in sorted(failures.items()) if r != rank]
     if others:
         lines.append("  also failed: " + ", ".join(others))
-    lines.append("  the other ranks were stopped; see the traceback of the failing rank above")
+    lines.append("  the other ranks were stopped")
+    return code, "\n".join(lines)
+
+
+# What a worker's death by a signal usually means, and what to do about it.
+_OOM_ADVICE = (
+    "look for 'Out of memory: Killed process <pid>' in `dmesg` (or the container's OOMKilled status); use less memory "
+    "(a smaller batch size, fewer DataLoader workers) and resume from the last checkpoint"
+)
+_SIGNAL_CAUSES = {
+    "SIGKILL": ("often the out-of-memory killer", _OOM_ADVICE),
+    "SIGSEGV": ("a crash in native code", "run it again with PYTHONFAULTHANDLER=1 to see the Python stack of the crash"),
+    "SIGBUS": ("often a full /dev/shm (the DataLoader workers' shared memory)", "give the job more shared memory (docker --shm-size) or use DataLoader(num_workers=0)"),
+    "SIGABRT": ("an abort in native code", "the native error (e.g. 'terminate called ...') is printed above"),
+}
+
+
+def _first_lines(rank: int, failure: Any) -> tuple[int, list[str]]:
+    """The job's exit code and the first lines of its summary: which rank, what happened to it, and what to do."""
+    code, how = _exit_code(failure.exitcode)
+    reason, advice = _SIGNAL_CAUSES.get(how.rsplit(" ", 1)[-1], ("", "see the traceback of the failing rank above"))
+    lines = [f"trainer launch: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}{', ' + reason if reason else ''}"]
+    if failure.error_file != "<N/A>" and failure.message:
+        lines.append(f"  error: {failure.message}")
+    lines.append(f"  what to do: {advice}")
+    return code, lines
+
+
+def _describe_death(failures: Mapping[int, Any], rank: int, report: Mapping[str, Any]) -> tuple[int, str]:
+    """A rank that ended (a signal, an exception) while the others were in a collective: it is the cause, not a hang;
+    the job's exit code is its own (137 for SIGKILL, as a shell reports it)."""
+    code, lines = _first_lines(rank, failures[rank])
+    lines[0] += f"; rank {report['waiting']} failed in the collective it was in because of it"
+    others = [f"rank {r} ({_exit_code(f.exitcode)[1]})" for r, f in sorted(failures.items()) if r != rank]
+    if others:
+        lines.append("  also failed: " + ", ".join(others))
     return code, "\n".join(lines)
 
 
@@ -166,21 +201,26 @@ def _describe_hang(failures: Mapping[int, Any], report: Mapping[str, Any]) -> tu
     missing, waiting = report["missing"], report["waiting"]
     culprit = failures.get(missing[0])
     code = _exit_code(failures[waiting].exitcode)[0] if waiting in failures else 1
+    one_sided = "call each collective (reduce, gather, wait_for_everyone, ...) on every rank; TRAINWRIGHT_DEBUG_COLLECTIVES=1 names the ranks whose calls differ"
     if report.get("alive"):
-        state = "it was still running (its Python stack is printed above)"
+        state, advice = "it was still running (its Python stack is printed above)", f"see where rank {missing[0]} was stuck in its stack above; {one_sided}"
     elif report.get("gone"):
-        state = "it had already exited (a collective called on some ranks only?)"
+        state, advice = "it had already exited (a collective called on some ranks only?)", one_sided
     else:
-        state = "it ran on another machine"
+        state, advice = "it ran on another machine", f"see rank {missing[0]}'s Python stack in its machine's log; {one_sided}"
     pid = "" if culprit is None else f" (pid {culprit.pid})"
-    first = (f"trainer launch: rank {missing[0]}{pid} never reached the collective rank {waiting} waited in for "
-             f"{report['timeout']:g} s (the process-group timeout); {state}")
-    lines = [first]
+    if report.get("timed_out", True):
+        first = (f"trainer launch: rank {missing[0]}{pid} never reached the collective rank {waiting} waited in for "
+                 f"{report['timeout']:g} s (the process-group timeout); {state}")
+    else:  # the waiting rank failed at once: a rank it needed had left the group (it ended without an error)
+        first = (f"trainer launch: rank {missing[0]}{pid} had ended when rank {waiting} called a collective, which failed at "
+                 "once: a collective called on some ranks only?")
+    lines = [first, f"  what to do: {advice}"]
     if len(missing) > 1:
         lines.append(f"  also missing from it: {', '.join(f'rank {r}' for r in missing[1:])}")
     lines.append("  failed: " + ", ".join(f"rank {r} ({_exit_code(f.exitcode)[1]})" for r, f in sorted(failures.items())))
-    lines.append("  the wait is TRAINWRIGHT_PG_TIMEOUT / --process_group_timeout; see rank "
-                 f"{waiting}'s report above")
+    if report.get("timed_out", True):
+        lines.append(f"  the wait is TRAINWRIGHT_PG_TIMEOUT / --process_group_timeout; see rank {waiting}'s report above")
     return code, "\n".join(lines)
 
 

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.accelerator.signals import SignalRecorder
+
+if TYPE_CHECKING:
+    from callbacks.view import TrainerView
 
 FIRST_GAP = 8  # batches before the first timed agreement (the batch time is not known yet)
 
@@ -74,7 +77,7 @@ class LoopAgreement:
         self._since += 1
         return self._countdown <= 0
 
-    def agree(self, trainer: Any) -> bool:
+    def agree(self, trainer: TrainerView) -> bool:
         """Make every process agree on stopping and on a received signal; returns the agreed stop.
 
         The agreed stop lands in ``trainer.should_stop`` and the signal in `signal` on every process."""

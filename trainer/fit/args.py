@@ -9,6 +9,7 @@ naming the bad value and the fix. `build_accelerator` and `default_callbacks` tu
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from strategies import REGISTRY, Strategy, normalize_precision, resolve_auto
 from strategies.environment import detect_environment
 from trainer.accelerator import Accelerator
 from trainer.accelerator.config import TorchDynamoPlugin
-from trainer.launchers import launch_current_script
+from trainer.launchers import can_rerun_current_script, launch_current_script
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class TrainerArgs:
     profiler: str | None = None
     compile: Any = None
     stop_check_interval: int | float = 1.0
+    min_epochs: int = 0
+    min_steps: int | None = None
+    max_time: Any = None
+    barebones: bool = False
     launch_processes: bool = False
 
 
@@ -84,7 +89,7 @@ def _check_limit(name: str, value: Any) -> None:
 
 def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
-    kw = _lightning_names(_overfit_batches(_fast_dev_run(kw)))
+    kw = _lightning_names(_overfit_batches(_fast_dev_run(_barebones(kw))))
     strategy = kw["strategy"]
     if not isinstance(strategy, Strategy):
         if not isinstance(strategy, str) or strategy.lower() not in REGISTRY:
@@ -109,10 +114,12 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     max_steps = None if kw["max_steps"] == -1 else kw["max_steps"]
     _check_int("max_steps", max_steps, 1, allow_none=True)
     max_epochs = kw["max_epochs"]
-    if max_epochs == -1 and max_steps is None:
-        raise ValueError("max_epochs=-1 (no epoch limit) needs max_steps; set max_steps=... or a positive max_epochs")
-    if max_epochs is None and max_steps is None:
+    timed = _time_limited(kw["max_time"], kw["callbacks"])
+    if max_epochs == -1 and max_steps is None and not timed:
+        raise ValueError("max_epochs=-1 (no epoch limit) needs max_steps or max_time; set max_steps=... or a positive max_epochs")
+    if max_epochs is None and max_steps is None and not timed:  # with a time limit, none (Lightning's rule)
         max_epochs = 1000
+    min_epochs, min_steps = _min_limits(kw["min_epochs"], kw["min_steps"])
     _check_int("accumulate_grad_batches", kw["accumulate_grad_batches"], 1)
     clip = kw["gradient_clip_val"]
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
@@ -164,8 +171,17 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}")
     kw["compile"] = _compile_plugin(kw["compile"])
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
-              "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"])}
-    return TrainerArgs(**values, launch_processes=_needs_launch(strategy, devices))
+              "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"]), "min_epochs": min_epochs,
+              "min_steps": min_steps}
+    launch = _needs_launch(strategy, devices)
+    if launch and not can_rerun_current_script():
+        raise RuntimeError(
+            f"Trainer(strategy={_strategy_name(strategy)!r}, devices={devices}) starts its processes by re-running this script, "
+            "but this is an interactive session (a notebook or a REPL) with no script to re-run. Build the Trainer inside a "
+            f"function and run it with `from trainer import notebook_launcher; notebook_launcher(train, num_processes={devices})` "
+            "(Lightning's strategy='ddp_notebook'), or run your code as a script"
+        )
+    return TrainerArgs(**values, launch_processes=launch)
 
 
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
@@ -188,6 +204,58 @@ def _compile_plugin(value: Any) -> Any:
                             "use_regional_compilation)") from None
     raise TypeError(f"compile={value!r} must be True, a dict of TorchDynamoPlugin fields or a TorchDynamoPlugin, e.g. "
                     "compile={'use_regional_compilation': True}")
+
+
+def _time_limited(max_time: Any, callbacks: Any) -> bool:
+    """Whether the run has a wall-time limit: ``max_time`` (checked here) or a `Timer` with a duration among `callbacks`."""
+    from callbacks.timer import Timer, parse_duration  # lazy: the Timer module loads only when a run is built
+
+    if max_time is not None:
+        try:
+            parse_duration(max_time)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"max_time={max_time!r}: {err}") from None
+        return True
+    callbacks = () if callbacks is None else (callbacks,) if isinstance(callbacks, Callback) else callbacks
+    return any(isinstance(cb, Timer) and cb.duration is not None for cb in callbacks)
+
+
+def _min_limits(min_epochs: Any, min_steps: Any) -> tuple[int, int | None]:
+    """Lightning's ``min_epochs``/``min_steps``: a stop asked for earlier waits for them; ``min_steps`` alone means at
+    least one epoch too (Lightning's `_parse_loop_limits`)."""
+    _check_int("min_epochs", min_epochs, 0, allow_none=True)
+    _check_int("min_steps", min_steps, 0, allow_none=True)
+    if min_epochs is None:
+        min_epochs = 1 if min_steps is not None else 0
+    return min_epochs, min_steps
+
+
+# Lightning's defaults of the arguments `barebones=True` turns off (None: not passed)
+_BAREBONES_OFF = {"enable_checkpointing": True, "enable_progress_bar": True, "enable_model_summary": True, "log_every_n_steps": 50,
+                  "num_sanity_val_steps": 2}
+
+
+def _barebones(kw: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's ``barebones=True``: no checkpointing, progress bar, model summary, trackers, sanity check, and
+    ``self.log`` does nothing; each of them passed turned on, and ``fast_dev_run``/``detect_anomaly``/``profiler``,
+    is an error. Without it, the arguments left at None get their defaults."""
+    barebones = kw["barebones"]
+    if not isinstance(barebones, bool):
+        raise TypeError(f"barebones={barebones!r} must be True or False")
+    if not barebones:
+        return {**kw, **{name: default for name, default in _BAREBONES_OFF.items() if kw[name] is None}}
+    on = [f"{name}={kw[name]!r}" for name in _BAREBONES_OFF if kw[name] not in (None, False, 0)]
+    on += [f"{name}={kw[name]!r}" for name in ("logger", "fast_dev_run", "detect_anomaly", "profiler") if kw[name] not in (None, False, 0)]
+    if kw["log_with"] not in ("csv", None):  # "csv" is the default: it cannot be told from "not passed"
+        on.append(f"log_with={kw['log_with']!r}")
+    if on:
+        raise ValueError(
+            f"Trainer(barebones=True, {', '.join(on)}): barebones mode turns off everything that may cost speed "
+            "(checkpointing, progress bar, model summary, trackers and self.log, sanity check, fast_dev_run, anomaly detection, "
+            "profiler); drop those arguments or pass barebones=False"
+        )
+    return {**kw, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 50,
+            "num_sanity_val_steps": 0, "log_with": None, "logger": None}
 
 
 def _overfit_batches(kw: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +395,14 @@ def default_callbacks(args: TrainerArgs) -> list[Callback]:
 
         if not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
             callbacks.append(ModelCheckpoint())
+    if args.max_time is not None:
+        from callbacks.timer import Timer  # lazy: each default callback loads only when enabled
+
+        if any(isinstance(cb, Timer) for cb in callbacks):
+            warnings.warn(f"Trainer(max_time={args.max_time!r}) is ignored: the callbacks already contain a Timer (as in Lightning)",
+                          stacklevel=3)
+        else:
+            callbacks.append(Timer(duration=args.max_time, interval="step"))
     if args.log_with:
         from callbacks.trackers import resolve_trackers  # lazy: the tracker modules load only when trackers are asked for
 

@@ -80,7 +80,7 @@ class TrainBatch:
             hooks["on_train_batch_start"](batch, batch_idx)
         stepper = self.stepper
         if self.module.automatic_optimization:
-            boundary = stepper.sync_gradients = state["accumulation_position"] + 1 >= trainer.accumulate_grad_batches or last
+            boundary = stepper.at_position(state["accumulation_position"], last)
             if boundary:
                 output = self._automatic(batch, batch_idx, boundary)
             else:  # inside an accumulation window all of it runs without gradient reduction

@@ -4,20 +4,19 @@ A checkpoint is a directory. The `Accelerator` writes the training state into it
 safetensors with the unwrapped model's keys, optimizers, schedulers, scaler, dataloader positions, the RNG
 states of every rank, and ``extra_state.json``); this module adds the Trainer's part to ``extra_state`` (loop
 position, callback states, hyperparameters, additions from ``on_save_checkpoint`` hooks), an ``hparams.json``
-for `TrainModule.load_from_checkpoint`, and its step and epoch to ``manifest.json`` (size and SHA-256 of
+for `TrainModule.load_from_checkpoint`, and its step and epoch to ``manifest.json`` (size and hash of
 every file, written last). A directory is *complete* when its manifest exists and matches its files. Writing
 and reading the directory are `strategies.checkpoint_io`'s, the same for both faces.
 
 Crash safety: everything is written under a hidden ``.<name>.partial`` directory next to the target, flushed,
 then renamed into place, so a crash mid-save leaves earlier checkpoints untouched and never a half-written
 directory under a real name. Loading reads only safetensors, JSON and ``torch.load(weights_only=True)`` files
-(through the `Accelerator`), after the manifest check: a changed, added or missing file is refused before any
-of it is read.
+(through the `Accelerator`), each checked against the manifest: an added or missing file is refused before any
+file is read, a changed one in the pass that reads it, before any of it is used.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,6 @@ from strategies.checkpoint_io import (
     load_weights,
     read_last_pointer,
     read_manifest,
-    sha256_of,
     verify_checkpoint,
     write_last_pointer,
 )
@@ -152,10 +150,10 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     """
     directory = Path(path)
     accelerator = trainer.accelerator
-    manifest = verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
     if trainer.stage not in (None, "fit"):
+        verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
         return _restore_weights(trainer, directory)
-    checkpoint = accelerator.load_state(str(directory), manifest=manifest)
+    checkpoint = accelerator.load_state(str(directory))  # checks each file as it reads it
     if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
         raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
     loop_state = dict(checkpoint["loops"].get("fit_loop", {}))
@@ -195,11 +193,10 @@ def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The module hyperparameters saved with the checkpoint at `directory` (after the manifest check)."""
     directory = Path(directory)
     manifest = read_manifest(directory)
-    entry = manifest["files"].get(HPARAMS_NAME)
     path = directory / HPARAMS_NAME
-    if entry is None or not path.is_file() or sha256_of(path) != entry.get("sha256"):
+    if HPARAMS_NAME not in manifest["files"] or not path.is_file():
         raise ValueError(f"checkpoint {str(directory)!r} has a missing or modified {HPARAMS_NAME}; load an intact checkpoint")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = checkpoint_io.CheckpointReader(directory, manifest).read_json(HPARAMS_NAME)
     if not isinstance(data, dict):
         raise ValueError(f"{str(path)!r} does not hold a JSON object of hyperparameters")
     return data
@@ -266,6 +263,20 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
     directory = lightning_path(Path(ckpt_path))
     read_manifest(directory)
     return directory.absolute()
+
+
+def check_weights_only(weights_only: Any, where: str) -> None:
+    """Lightning 2.6's ``weights_only`` (how ``torch.load`` reads a ``.ckpt``): None and True are what loading here always
+    is; False (unpickle arbitrary objects) is refused, since a checkpoint here holds no pickles."""
+    if weights_only is None or weights_only is True:
+        return
+    if weights_only is False:
+        raise ValueError(
+            f"{where}(..., weights_only=False) asks to unpickle the checkpoint, but checkpoints here hold no pickles "
+            "(safetensors, JSON and tensor-only files, read as torch.load(weights_only=True) reads them): leave weights_only out "
+            "or pass None/True. A Lightning .ckpt file must be converted first (see docs/migrating-from-lightning.md)"
+        )
+    raise TypeError(f"{where}(..., weights_only={weights_only!r}) must be None, True or False")
 
 
 def lightning_path(path: Path) -> Path:

@@ -48,9 +48,17 @@ def max_steps_reached(trainer: Trainer) -> bool:
     return trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
 
 
+def can_stop_early(trainer: Trainer) -> bool:
+    """Whether a stop asked for (``trainer.should_stop``: early stopping, a `Timer`, a callback) may take effect: once
+    ``min_epochs`` epochs and ``min_steps`` optimizer steps are done (Lightning's ``_can_stop_early``). Until then the
+    stop stays asked for and training goes on. Read where every process has the same epoch and step counts."""
+    args = trainer._args
+    return trainer.current_epoch >= args.min_epochs and (args.min_steps is None or trainer.global_step >= args.min_steps)
+
+
 def fit_done(trainer: Trainer) -> bool:
-    """True when training should stop: asked to, ``max_steps`` reached or ``max_epochs`` done."""
-    if trainer.should_stop or max_steps_reached(trainer):
+    """True when training should stop: asked to (and `can_stop_early`), ``max_steps`` reached or ``max_epochs`` done."""
+    if (trainer.should_stop and can_stop_early(trainer)) or max_steps_reached(trainer):
         return True
     return trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
 
@@ -80,6 +88,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     loader's last batch.
     """
     state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
+    stop_agreed = trainer.should_stop  # agreed at the last epoch's end (before any hook of this one); min_epochs/min_steps held it
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
     pending = state.get("validation_pending", False) and bool(val_loaders)
     start, total = state["batches_done_in_epoch"], trainer.num_training_batches
@@ -109,7 +118,8 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
             go_on = not _validate(trainer, val_loaders) and go_on
         state["validation_pending"] = False
         _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
-        if not go_on or max_steps_reached(trainer):
+        stop_agreed = stop_agreed or not go_on  # the same on every process, as the step and epoch counts
+        if (stop_agreed and can_stop_early(trainer)) or max_steps_reached(trainer):
             break
         if trainer.agreement.signal and preemption.due(trainer) and not last:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
@@ -199,14 +209,14 @@ def _validation_due(trainer: Trainer, batch_idx: int, last: bool) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- evaluation
-def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int | float]) -> Any:
+def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int | float], *, keep_predictions: bool = True) -> Any:
     """Run one epoch of `stage` ("validation", "test" or "predict") over each loader in turn, at most `limits[i]`
     batches of loader i (``inf``: until it runs out, for a loader without a length). With several loaders the steps
     and batch hooks also get ``dataloader_idx`` (as Lightning's).
 
     Returns ``[{metric: value}]``, one dict per loader (with several, loader i's holds the ``name/dataloader_idx_<i>``
     values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
-    (a list per loader when there are several).
+    (a list per loader when there are several; None without `keep_predictions`: nothing kept, nothing gathered).
     """
     module, call, results = trainer.attached_module, trainer._dispatch.call, trainer._results
     step = getattr(module, f"{stage}_step")
@@ -250,7 +260,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
                         output = strategy.call_through(wrapped, module, f"{stage}_step", inputs, batch_idx, *extra)
                     else:
                         output = step(inputs, batch_idx, *extra)
-                if stage == "predict":
+                if stage == "predict" and keep_predictions:
                     predictions[dataloader_idx].append((batch_idx, trainer.global_rank, _to_cpu(output)))
                 call(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
                 if stage != "predict":  # Lightning: every batch, at the batches seen so far (the sanity check's are dropped)
@@ -268,6 +278,8 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
         call(f"on_{stage}_end")
     results.enabled, trainer.training = True, was_training
     if stage == "predict":
+        if not keep_predictions:
+            return None
         ordered = [_ordered_predictions(trainer, local) for local in predictions]
         return ordered if several else ordered[0]
     return [_of_loader(metrics, i) for i in range(len(loaders))] if several else [metrics]

@@ -295,17 +295,20 @@ class TrainModule(nn.Module):
         self,
         name: str,
         value: Any,
-        *,
+        prog_bar: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        prog_bar: bool = False,
-        logger: bool = True,
-        sync_dist: bool = False,
         reduce_fx: Any = "mean",
-        batch_size: int | None = None,
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
         add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
-        """Log a scalar (number, one-element tensor) or a torchmetrics ``Metric``.
+        """Log a scalar (number, one-element tensor) or a torchmetrics ``Metric``; Lightning's arguments, in its order.
 
         Defaults follow Lightning: in training steps and batch hooks values are logged per step; in
         validation/test and epoch hooks they are aggregated per epoch (a mean weighted by batch size,
@@ -313,17 +316,45 @@ class TrainModule(nn.Module):
         ``name_step`` and ``name_epoch``. ``sync_dist=True`` reduces across processes; a ``Metric`` is
         computed (with its own distributed sync) and reset at epoch end. With several evaluation loaders a
         name logged in their steps becomes ``name/dataloader_idx_<i>`` unless ``add_dataloader_idx=False``.
+
+        Args:
+            logger: send the value to the trackers (None: True).
+            enable_graph: keep the autograd graph of a tensor value (in ``callback_metrics``); by default it is detached.
+                Epoch accumulators always hold detached values.
+            sync_dist_group: the group ``sync_dist`` reduces over: None (or ``torch.distributed.group.WORLD``) for all
+                processes; another group raises ``NotImplementedError`` (no strategy reduces over a sub-group).
+            metric_attribute: accepted for Lightning's sake and not needed: a ``Metric``'s state stays in the module
+                (Lightning uses the name to restore the state it keeps outside the module).
+            rank_zero_only: the call may run on some processes only (typically ``if self.global_rank == 0:``): the value
+                is never synchronized (``sync_dist`` is ignored), so no process waits for the others. Such a value is each
+                process's own; don't monitor it in callbacks (another process would not find it). Trackers write rank 0's.
         """
         trainer = self._trainer  # not the property: this runs every step
         if trainer is None:
             trainer = self.trainer  # raises: not attached
         # positional: keyword passing costs
-        trainer.log_value(name, value, on_step, on_epoch, prog_bar, logger, sync_dist, reduce_fx, batch_size, add_dataloader_idx)
+        trainer.log_value(name, value, on_step, on_epoch, prog_bar, True if logger is None else logger, sync_dist, reduce_fx, batch_size,
+                          add_dataloader_idx, enable_graph, sync_dist_group, metric_attribute, rank_zero_only)
 
-    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` every item of `dictionary` with the same keyword arguments."""
+    def log_dict(
+        self,
+        dictionary: Mapping[str, Any],
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: Any = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """``self.log`` every item of `dictionary` (a dict or a torchmetrics ``MetricCollection``) with the same arguments."""
         for name, value in dictionary.items():
-            self.log(name, value, **kwargs)
+            self.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist, sync_dist_group,
+                     add_dataloader_idx, batch_size, None, rank_zero_only)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""
@@ -480,7 +511,8 @@ class TrainModule(nn.Module):
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool = True, **overrides: Any
+        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool = True,
+        weights_only: bool | None = None, **overrides: Any
     ) -> TrainModule:
         """Rebuild a module from a checkpoint directory: its saved hyperparameters, then its weights.
 
@@ -488,12 +520,14 @@ class TrainModule(nn.Module):
             checkpoint_path: a checkpoint directory (or its ``model.safetensors``).
             map_location: device to load the weights to (CPU by default).
             strict: require the checkpoint's keys to match the module's exactly.
+            weights_only: Lightning 2.6's argument: None or True (nothing is unpickled here); False is refused.
             overrides: constructor arguments that replace saved hyperparameters.
         """
         # lazy: `from trainer import TrainModule` loads no strategies module
         from strategies.checkpoint_io import load_weights
         from trainer.fit import checkpointing
 
+        checkpointing.check_weights_only(weights_only, "load_from_checkpoint")
         directory = checkpointing.lightning_path(Path(checkpoint_path))
         if directory.is_file():
             directory = directory.parent

@@ -166,16 +166,20 @@ class ResultsStore:
         reduce_fx: Any = "mean",
         batch_size: int | None = None,
         add_dataloader_idx: bool = True,
+        enable_graph: bool = False,
+        sync_dist_group: Any = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
         """Record `value` under `name` in the current stage (see ``TrainModule.log`` for the semantics)."""
         key = (name, self.stage, self.step_context, self.epoch_end, self.dataloader_suffix, on_step, on_epoch, prog_bar, logger,
-               sync_dist, reduce_fx, batch_size, add_dataloader_idx)
+               sync_dist, reduce_fx, batch_size, add_dataloader_idx, enable_graph, sync_dist_group, metric_attribute, rank_zero_only)
         # The per-step path: this exact call, with a scalar tensor, was validated before, and its recorder kept. Only
         # such calls with a string reduce_fx are remembered, and never in predict (disabled; its stage is in the key).
         record = self._checked.get(key)
         if record is not None and isinstance(value, torch.Tensor) and value.dim() == 0:
             self._logged, self._logged_detached = value, value.detach()
-            record(self._logged_detached)
+            record(value if enable_graph else self._logged_detached)
             return
         if not self.enabled:
             raise RuntimeError(f"self.log({name!r}, ...) is not supported during predict; return predictions from predict_step instead")
@@ -190,11 +194,16 @@ class ResultsStore:
             raise ValueError(f"self.log({name!r}, ...) with on_step=False and on_epoch=False logs nothing; set one of them to True")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        if metric_attribute is not None and not isinstance(metric_attribute, str):
+            raise TypeError(f"self.log({name!r}, ..., metric_attribute={metric_attribute!r}) must be the name of the module attribute holding the Metric")
         metric = value if _is_metric(value) else None
+        sync_dist = self._sync_dist(name, sync_dist, sync_dist_group, rank_zero_only, metric is not None)
         if metric is None:
             source, value = value, self._as_value(name, value)
             if isinstance(source, torch.Tensor) and source.dim() == 0:
                 self._logged, self._logged_detached = source, value
+            if enable_graph and isinstance(source, torch.Tensor):
+                value = source if source.dim() == 0 else source.reshape(())  # the step value keeps its graph
         entries = self._entries.setdefault(self.stage, {})
         entry = entries.get(name)
         if entry is None:
@@ -218,10 +227,25 @@ class ResultsStore:
             if on_step and value is not None:
                 self._recorder(entry, name, step_key, batch_size, on_step, False, logger, prog_bar)(value)
             return
-        record = self._recorder(entry, name, step_key, batch_size, on_step, on_epoch, logger, prog_bar)
+        record = self._recorder(entry, name, step_key, batch_size, on_step, on_epoch, logger, prog_bar, enable_graph)
         record(value)
         if isinstance(value, torch.Tensor) and isinstance(reduce_fx, str):
             self._checked[key] = record
+
+    def _sync_dist(self, name: str, sync_dist: bool, group: Any, rank_zero_only: bool, is_metric: bool) -> bool:
+        """Whether a call's value is reduced across processes, after checking `sync_dist_group` and `rank_zero_only`."""
+        if group is not None and not (torch.distributed.is_available() and group is torch.distributed.group.WORLD):
+            raise NotImplementedError(
+                f"self.log({name!r}, ..., sync_dist_group={group!r}): reducing over a sub-group of processes is not supported; "
+                "pass sync_dist_group=None to reduce over all processes, or reduce the value yourself "
+                "(torch.distributed.all_reduce(value, group=group)) and log it with sync_dist=False"
+            )
+        if rank_zero_only and is_metric and self.world_size > 1:
+            raise ValueError(
+                f"self.log({name!r}, metric, rank_zero_only=True): a torchmetrics Metric synchronizes itself in compute(), "
+                "which every process must join; log it on every process without rank_zero_only"
+            )
+        return bool(sync_dist) and not rank_zero_only  # rank_zero_only: never a collective (Lightning's no-op sync)
 
     def detached(self, output: Any) -> Any:
         """A training step's `output` detached (for ``on_train_batch_end``): a loss this batch logged is detached once."""
@@ -234,14 +258,16 @@ class ResultsStore:
         return output
 
     def _recorder(self, entry: _Entry, name: str, step_key: str, batch_size: int | None,
-                  on_step: bool, accumulate: bool, logger: bool, prog_bar: bool) -> Callable[[Any], None]:
+                  on_step: bool, accumulate: bool, logger: bool, prog_bar: bool, keep_graph: bool = False) -> Callable[[Any], None]:
         """What a call does with its value, all else settled: accumulate it into the epoch value (`accumulate`),
-        keep it as the step value (`on_step`). A repeated call runs only this (a step value: four writes)."""
+        keep it as the step value (`on_step`). A repeated call runs only this (a step value: four writes).
+        With `keep_graph` the step value keeps its autograd graph; the accumulator gets it detached."""
         metrics, logged, shown = self.callback_metrics, self.logged_metrics, self.progress_bar_metrics  # cleared, never replaced
 
         def record(value: Any) -> None:
             if accumulate:
-                entry.accumulate(value, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
+                total = value.detach() if keep_graph and isinstance(value, torch.Tensor) else value
+                entry.accumulate(total, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
             if on_step:
                 entry.step_value, entry.step_dirty = value, True
                 metrics[step_key] = metrics[name] = value

@@ -27,12 +27,12 @@ import torch
 from callbacks.base import Callback, overrides
 from callbacks.view import ValidationSchedule
 from strategies.abilities import Engine
-from strategies.checkpoint_io import load_weights
+from strategies.checkpoint_io import load_weights, rng_kept
 from strategies.compile import recompile_with, unwrap_compiled
 from trainer.fit import loops, preemption
 from trainer.fit.agreement import LoopAgreement
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
-from trainer.fit.checkpointing import resolve_ckpt_path, restore_checkpoint, save_checkpoint, verify_checkpoint
+from trainer.fit.checkpointing import check_weights_only, resolve_ckpt_path, restore_checkpoint, save_checkpoint, verify_checkpoint
 from trainer.fit.dispatch import HookDispatcher, order_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.profiler import ProfiledDispatcher, SimpleProfiler, profile
@@ -40,6 +40,8 @@ from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from callbacks.checkpoint import ModelCheckpoint
     from callbacks.view import TrainerView
     from strategies.base import Strategy
@@ -76,12 +78,12 @@ class Trainer:
         limit_val_batches: the same for validation.
         limit_test_batches: the same for testing.
         limit_predict_batches: the same for prediction.
-        num_sanity_val_steps: validation batches run before training (-1: all).
+        num_sanity_val_steps: validation batches run before training (-1: all; None: 2, or 0 with `barebones`).
         log_every_n_steps: write step values to the trackers every N batches that end an accumulation window
-            (every N batches in manual optimization), at `logging_step`, as Lightning does.
-        enable_progress_bar: add the default progress bar.
-        enable_checkpointing: add the default `ModelCheckpoint`.
-        enable_model_summary: add the default model summary.
+            (every N batches in manual optimization), at `logging_step`, as Lightning does (None: 50).
+        enable_progress_bar: add the default progress bar (None: True, or False with `barebones`).
+        enable_checkpointing: add the default `ModelCheckpoint` (None: True, or False with `barebones`).
+        enable_model_summary: add the default model summary (None: True, or False with `barebones`).
         seed: seed python, numpy and torch on every process before the run.
         deterministic: use deterministic algorithms.
         process_group_timeout: seconds a collective may wait for a missing process.
@@ -115,6 +117,15 @@ class Trainer:
             (``trainer.should_stop`` set on any of them) and on a preemption signal: seconds (a float, default 1.0) or
             batches (an int; 1: every batch). They also agree after each validation and at each epoch's end; nothing is
             reduced in between, so a step makes no collective of its own. See `trainer.fit.agreement`.
+        min_epochs: a stop asked for earlier (``trainer.should_stop``: early stopping, a callback) waits until this many
+            epochs are done; None: 0, or 1 with `min_steps` (Lightning's rule). `max_epochs`/`max_steps` still end the run.
+        min_steps: the same for optimizer steps (None: no minimum).
+        max_time: stop training after this wall time: ``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of its arguments (a
+            `callbacks.timer.Timer` checking after every batch; a Timer already among `callbacks` wins). Without
+            `max_epochs`/`max_steps` there is then no epoch limit.
+        barebones: turn off everything that may cost speed: checkpointing, progress bar, model summary, trackers,
+            ``self.log`` (a warning, nothing logged), the sanity check. Passing one of them turned on, or `fast_dev_run`,
+            `detect_anomaly`, `profiler`, is an error.
     """
 
     def __init__(
@@ -137,11 +148,11 @@ class Trainer:
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
-        num_sanity_val_steps: int = 2,
-        log_every_n_steps: int = 50,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
-        enable_model_summary: bool = True,
+        num_sanity_val_steps: int | None = None,
+        log_every_n_steps: int | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_model_summary: bool | None = None,
         seed: int | None = None,
         deterministic: bool = False,
         process_group_timeout: float | None = None,
@@ -161,10 +172,15 @@ class Trainer:
         profiler: str | None = None,
         compile: Any = None,
         stop_check_interval: int | float = 1.0,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
+        max_time: str | timedelta | dict[str, int] | None = None,
+        barebones: bool = False,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
         self.max_epochs, self.max_steps = args.max_epochs, args.max_steps
+        self.min_epochs, self.min_steps, self.barebones = args.min_epochs, args.min_steps, args.barebones
         self.gradient_clip_val, self.gradient_clip_algorithm = args.gradient_clip_val, args.gradient_clip_algorithm
         # when fit validates (read by the loop and by ModelCheckpoint/EarlyStopping); the epoch's length is set by fit
         self.validation_schedule = ValidationSchedule(args.val_check_interval, args.check_val_every_n_epoch)
@@ -185,6 +201,7 @@ class Trainer:
         self._compile_ctx: Any = None  # the dynamo context of a torch.compile(module) passed to fit/validate/...
         self._train_loader: Any = None
         self._warned_skip = False  # training_step returned None: warned once per fit
+        self._warned_nonfinite = False  # a non-finite training value was read (logged or shown): warned once per fit
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
         self.nonfinite_skipped = 0  # batches skipped for a non-finite loss (on_nonfinite="skip")
         # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
@@ -204,7 +221,6 @@ class Trainer:
         # None in a plain process that starts the processes it asks for at fit() (`accelerator` raises there)
         self._accelerator: Accelerator | None = None if args.launch_processes else build_accelerator(args)
         acc = self._accelerator
-        self.accumulate_grad_batches = acc.gradient_accumulation_steps if acc is not None else args.accumulate_grad_batches
         if args.sync_batchnorm and acc is not None and self.world_size > 1 and acc.device.type == "cpu":
             raise ValueError(
                 f"sync_batchnorm=True on {self.world_size} CPU processes: torch's SyncBatchNorm runs on GPUs only; "
@@ -219,7 +235,7 @@ class Trainer:
             gather_object=lambda obj: self.accelerator.gather_object(obj),
             world_size=self.world_size,
         )
-        self.log_value = self._results.log  # what TrainModule.log calls, every step: bound once
+        self.log_value = self._results.log if not args.barebones else _barebones_log  # what TrainModule.log calls: bound once
 
     # ------------------------------------------------------------------------------------ attributes
     @property
@@ -277,6 +293,20 @@ class Trainer:
     @num_training_batches.setter
     def num_training_batches(self, value: int | float) -> None:
         self.validation_schedule = dataclasses.replace(self.validation_schedule, num_training_batches=value)
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step: the accelerator's, which its `Stepper` counts (settable, as Lightning's)."""
+        acc = self._accelerator
+        return acc.gradient_accumulation_steps if acc is not None else self._args.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"accumulate_grad_batches={value!r} must be an int >= 1")
+        if self._accelerator is None:
+            raise RuntimeError("accumulate_grad_batches can be set once the processes run (in fit, or under `trainer launch`)")
+        self._accelerator.gradient_accumulation_steps = value
 
     @property
     def is_global_zero(self) -> bool:
@@ -406,13 +436,15 @@ class Trainer:
     # ------------------------------------------------------------------------------------ entry points
     def fit(
         self, module: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
-        ckpt_path: str | None = None,
+        ckpt_path: str | None = None, weights_only: bool | None = None,
     ) -> None:
         """Train `module`, validating as configured; resume from `ckpt_path` ("last", "best" or a directory).
 
         The loaders come from the arguments, else from `datamodule` (a `DataModule`), else from the module's
-        ``*_dataloader()`` methods.
+        ``*_dataloader()`` methods. `weights_only` is Lightning 2.6's: None or True (nothing is unpickled here); False
+        is refused (so are the same in `validate`, `test` and `predict`).
         """
+        check_weights_only(weights_only, "fit")
         _one_data_source(datamodule, train_dataloaders, val_dataloaders)
         module = self._unwrap_compiled(module)
         if self._accelerator is None:
@@ -427,44 +459,60 @@ class Trainer:
 
     def validate(
         self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
-        datamodule: Any = None,
+        datamodule: Any = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
+        check_weights_only(weights_only, "validate")
         _one_data_source(datamodule, dataloaders)
         return cast(list[dict[str, float]], self._run("validate", module, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule))
 
     def test(
         self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
-        datamodule: Any = None,
+        datamodule: Any = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
+        check_weights_only(weights_only, "test")
         _one_data_source(datamodule, dataloaders)
         return cast(list[dict[str, float]], self._run("test", module, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule))
 
     def predict(
-        self, module: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None, ckpt_path: str | None = None,
-    ) -> list[Any]:
-        """Return ``predict_step``'s output for every batch, in dataset order, each sample once (all processes)."""
+        self, module: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None,
+        return_predictions: bool | None = None, ckpt_path: str | None = None, weights_only: bool | None = None,
+    ) -> list[Any] | None:
+        """Return ``predict_step``'s output for every batch, in dataset order, each sample once (all processes).
+
+        With ``return_predictions=False`` the outputs are not kept (a callback's ``on_predict_batch_end`` can write
+        them) and None is returned.
+        """
+        check_weights_only(weights_only, "predict")
+        if return_predictions not in (None, True, False):
+            raise TypeError(f"predict(..., return_predictions={return_predictions!r}) must be None, True or False")
         _one_data_source(datamodule, dataloaders)
-        return cast(list[Any], self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path), datamodule))
+        keep = return_predictions is not False
+        return cast("list[Any] | None", self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path, keep), datamodule))
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
         self.fit_loop_state.clear()
         self.fit_loop_state.update(loops.new_loop_state())
-        self._warned_skip = False
+        self._warned_skip = self._warned_nonfinite = False
         self.nonfinite_skipped = 0
         self._moves_batches = moves_batches_itself(self)
-        val_loaders = self._fit_loaders(module, train_dataloaders, val_dataloaders)
+        val_loaders, built_at = self._fit_loaders(module, train_dataloaders, val_dataloaders), self.current_epoch
         self._configure_optimizers(module)
         self._restore(ckpt_path)
+        if self._args.reload_dataloaders_every_n_epochs and self.current_epoch != built_at:
+            val_loaders = self._reload_resumed(module, train_dataloaders, val_dataloaders)
         self._dispatch.call("on_fit_start")
         module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
         if val_loaders and self.num_sanity_val_steps != 0 and self.global_step == 0:
             loops.sanity_check(self, val_loaders)
         self.training = True
         self._dispatch.call("on_train_start")
-        reload_every, last_reload = self._args.reload_dataloaders_every_n_epochs, self.current_epoch
+        reload_every = self._args.reload_dataloaders_every_n_epochs
+        # the loaders are (re)built at the epochs that are multiples of reload_every, counted from epoch 0, so that a
+        # resumed run reloads at the same epochs as the uninterrupted one (its loaders, just built, stand for the last one)
+        last_reload = self.current_epoch - self.current_epoch % reload_every if reload_every else 0
         while not loops.fit_done(self):
             if reload_every and self.current_epoch - last_reload >= reload_every and self.fit_loop_state["batches_done_in_epoch"] == 0:
                 val_loaders, last_reload = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
@@ -508,6 +556,17 @@ class Trainer:
         limit = self._args.limit_val_batches
         self._val_limits = [loops.limit_batches(loops.num_batches(loader), limit, "limit_val_batches") for loader in val_loaders or []]
         self.num_val_batches = _one_or_list(self._val_limits)
+        return val_loaders
+
+    def _reload_resumed(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any) -> list[Any] | None:
+        """A resumed fit with ``reload_dataloaders_every_n_epochs``: ask for the loaders again at the restored epoch (after
+        the restore, as Lightning does), keeping the restored position and the restored RNGs (the uninterrupted run drew
+        nothing here)."""
+        position = self._train_loader.state_dict() if hasattr(self._train_loader, "state_dict") else None
+        with rng_kept():
+            val_loaders = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True)
+        if position is not None and hasattr(self._train_loader, "load_state_dict"):
+            self._train_loader.load_state_dict(position)
         return val_loaders
 
     def _fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
@@ -605,7 +664,7 @@ class Trainer:
             restore_checkpoint(self, path)
 
     # ------------------------------------------------------------------------------------ evaluation
-    def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None) -> Any:
+    def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None, keep_predictions: bool = True) -> Any:
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
         self._moves_batches = moves_batches_itself(self)
@@ -620,7 +679,7 @@ class Trainer:
             self._model, self._prepared_for = self._prepare(module), id(module)
         if ckpt_path is not None:
             self._load_weights(ckpt_path)
-        return loops.eval_loop(self, stage, loaders, limits)
+        return loops.eval_loop(self, stage, loaders, limits, keep_predictions=keep_predictions)
 
     def _eval_loader(self, loader: Any) -> Any:
         """Shard an evaluation loader without padding (every sample seen once), outside the checkpointed loaders."""
@@ -751,10 +810,35 @@ class Trainer:
             return
         step = self.logging_step if step is None else step
         values = {**metrics, "epoch": self.current_epoch} if epoch else dict(metrics)
+        self.warn_if_nonfinite(values)
         self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, step)
+
+    def warn_if_nonfinite(self, values: dict[str, float]) -> None:
+        """Warn once per fit when a training value the loop already read to the host (a logged value going to the
+        trackers, one the progress bar shows) is NaN or inf and no ``on_nonfinite`` policy watches the loss: a loss that
+        is NaN at every step would otherwise train on silently. Costs no read of its own."""
+        if self._warned_nonfinite or self._args.on_nonfinite is not None or not self.training or self.sanity_checking:
+            return
+        bad = next(((name, value) for name, value in values.items() if isinstance(value, float) and not math.isfinite(value)), None)
+        if bad is None:
+            return
+        self._warned_nonfinite = True
+        warnings.warn(
+            f"{bad[0]} is {bad[1]} at step {self.global_step} (epoch {self.current_epoch}): training produces non-finite "
+            "values and the weights may already be NaN. Trainer(on_nonfinite='stop') raises at the first non-finite loss "
+            "(naming the first non-finite parameter), 'skip' skips such batches; lower the learning rate or clip gradients "
+            "(gradient_clip_val=...). This warning is shown once per fit",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
+
+def _barebones_log(name: str, *args: Any) -> None:
+    """``self.log`` under ``Trainer(barebones=True)``: nothing is logged (Lightning's warning, once per name)."""
+    warnings.warn(f"self.log({name!r}, ...) does nothing under Trainer(barebones=True): logging is turned off there", stacklevel=3)
+
 
 def _no_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
     raise RuntimeError("this Trainer has not started its processes; call trainer.fit() first")
