@@ -25,7 +25,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HE
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("step", "import", "data", "checkpoint", "ddp", "fsdp", "deepspeed", "resume", "memory", "compile")
+SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "fsdp", "deepspeed", "resume", "memory", "compile")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -50,11 +50,24 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import torch
 
-    from benchmarks import checkpoint, common, compile_step, data_loading, ddp, fsdp, import_time, memory, resume, step_time, zero
+    from benchmarks import (
+        checkpoint,
+        checkpoint_async,
+        common,
+        compile_step,
+        data_loading,
+        ddp,
+        fsdp,
+        import_time,
+        memory,
+        resume,
+        step_time,
+        zero,
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
+    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "async_checkpoint": checkpoint_async, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
                "memory": memory, "compile": compile_step}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
     print(header, flush=True)

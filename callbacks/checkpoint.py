@@ -1,7 +1,7 @@
 """`ModelCheckpoint`: save checkpoints during `fit`, keep the best k, and (``save_last``) a ``last`` checkpoint.
 
-Every checkpoint is a complete directory written atomically by `trainer.fit.checkpointing.save_checkpoint`.
-The callback decides *when* to save (every n optimizer steps, every n epochs, after validation), *which*
+Every checkpoint is a complete directory written atomically by the trainer (``trainer.save_checkpoint``, through the
+checkpoint store, `strategies.checkpoint_store`, which alone knows the layout on disk). The callback decides *when* to save (every n optimizer steps, every n epochs, after validation), *which*
 checkpoints to keep (the top ``save_top_k`` by a monitored metric, or the newest ones without a monitor),
 and with ``save_last`` writes a ``last-...`` checkpoint of the newest state each time and keeps
 ``<dirpath>/last.json`` naming it (what ``<dirpath>/last.ckpt`` resolves to). ``fit(ckpt_path="last")`` finds the
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback, in_fit, overrides
-from strategies import checkpoint_io
+from strategies import checkpoint_store as store
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
@@ -52,6 +51,10 @@ class ModelCheckpoint(Callback):
         save_weights_only: Lightning's; only False is accepted (a checkpoint always holds the full state).
         train_time_interval: Lightning's; only None is accepted (save by steps or epochs).
         enable_version_counter: Lightning's; only True is accepted (a taken name always gets a ``-v1`` suffix).
+        async_save: write each checkpoint in the background: training goes on once the state is copied out of the
+            training tensors, and the checkpoint counts (``last.json``, best/last paths on disk, older ones removed)
+            only once every process's write finished. None: the trainer's default (True with
+            ``Trainer(plugins=[AsyncCheckpointIO()])``).
 
     Raises:
         ValueError: on an invalid argument (the message names it and the accepted values).
@@ -78,6 +81,7 @@ class ModelCheckpoint(Callback):
         every_n_epochs: int | None = None,
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
+        async_save: bool | None = None,
     ) -> None:
         if save_weights_only:
             raise NotImplementedError(
@@ -97,6 +101,9 @@ class ModelCheckpoint(Callback):
             )
         if not isinstance(verbose, bool):
             raise TypeError(f"ModelCheckpoint(verbose={verbose!r}) must be True or False")
+        if async_save is not None and not isinstance(async_save, bool):
+            raise TypeError(f"ModelCheckpoint(async_save={async_save!r}) must be True, False or None (the trainer's default)")
+        self.async_save = async_save
         self.verbose = verbose
         if mode not in _MODES:
             raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not supported; use mode='min' or mode='max'")
@@ -197,7 +204,7 @@ class ModelCheckpoint(Callback):
     # ----------------------------------------------------------------------------------- saving
     def resolve_dirpath(self, trainer: TrainerView) -> Path:
         """The directory this callback saves into (``<project_dir>/checkpoints`` unless `dirpath` was given)."""
-        return self.dirpath if self.dirpath is not None else checkpoint_io.default_checkpoint_dir(trainer.project_dir)
+        return self.dirpath if self.dirpath is not None else store.default_dir(trainer.project_dir)
 
     def save(self, trainer: TrainerView, *, monitor_required: bool) -> None:
         """Save the checkpoints due now (all ranks call this); rank 0 then removes those that dropped out."""
@@ -208,18 +215,19 @@ class ModelCheckpoint(Callback):
         if trainer.world_size > 1:
             plan = trainer.strategy.broadcast_object(plan, src=0)
         self._apply_plan(plan, trainer.global_step)
-        written = []
         for path in dict.fromkeys(p for p in (plan["topk"], plan["last"]) if p):
-            trainer.save_checkpoint(path)
-            written.append(Path(path))
+            trainer.save_checkpoint(path, async_save=self.async_save)
             if self.verbose and trainer.is_global_zero:
                 about = f"{self.monitor!r} = {score:.5g}, " if score is not None and self.monitor else ""
                 print(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: {about}saved {path}", flush=True)
-        if trainer.is_global_zero:
-            if plan["last"]:
-                checkpoint_io.write_last_pointer(self.dirpath, Path(plan["last"]))
-            for path in plan["remove"]:
-                self._remove(Path(path))
+        if trainer.is_global_zero:  # once the checkpoint is committed (now, or when its background write finished)
+            trainer.checkpoints.after_commit(lambda: self._after_commit(plan))
+
+    def _after_commit(self, plan: dict[str, Any]) -> None:
+        if plan["last"]:
+            store.write_last_pointer(self.dirpath or Path(plan["last"]).parent, Path(plan["last"]))
+        for path in plan["remove"]:
+            self._remove(Path(path))
 
     def _plan(self, metrics: dict[str, Any], score: float | None) -> dict[str, Any]:
         """Decide (on rank 0) which checkpoints to write and which to delete."""
@@ -323,5 +331,5 @@ class ModelCheckpoint(Callback):
         return path
 
     def _remove(self, path: Path) -> None:
-        if self.dirpath is not None and path.parent == self.dirpath and checkpoint_io.is_complete(path):
-            shutil.rmtree(path, ignore_errors=True)
+        if self.dirpath is not None and path.parent == self.dirpath:
+            store.remove_checkpoint(path)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from callbacks.checkpoint import ModelCheckpoint
     from strategies.base import Strategy
+    from strategies.checkpoint_store import CheckpointStore
     from trainer.accelerator.accelerator import Accelerator
     from trainer.fit.module import LRSchedulerConfig, ManualOptimizer, TrainModule
 
@@ -211,8 +212,12 @@ class TrainerView(Protocol):
     @property
     def project_dir(self) -> str: ...
 
-    def save_checkpoint(self, dirpath: str | os.PathLike[str]) -> Path:
-        """Write a complete checkpoint directory (every process must call it)."""
+    @property
+    def checkpoints(self) -> CheckpointStore:
+        """The run's checkpoint store: `after_commit` queues bookkeeping behind the save in flight."""
+
+    def save_checkpoint(self, dirpath: str | os.PathLike[str], *, async_save: bool | None = None) -> Any:
+        """Write a complete checkpoint directory (every process must call it); `async_save` None: the trainer's default."""
 
     # ------------------------------------------------------------------ what `TrainModule` calls
     def log_value(

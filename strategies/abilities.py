@@ -6,6 +6,7 @@ A face asks ``isinstance(strategy, Engine)`` once, where it sets things up, inst
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,8 +21,17 @@ class Engine(ABC):
     learning-rate schedule advances once per optimizer step.
     """
 
+    config: dict[str, Any]  # the engine's configuration (DeepSpeed's config dict)
+
     @abstractmethod
     def setup_module_and_optimizers(
         self, module: nn.Module, optimizers: list[torch.optim.Optimizer], *, move: bool = True, batch_size: int | None = None,
+        model_parameters: Any = None, lr_scheduler: Any = None,
     ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
-        """Build the engine around `module` and `optimizers`; returns what to call and what to step."""
+        """Build the engine around `module` and `optimizers`; returns what to call and what to step. With no optimizer,
+        the engine may build the one its `config` describes, over `model_parameters`, and a schedule (its own, or
+        ``lr_scheduler(optimizer)``)."""
+
+    @abstractmethod
+    def fill_auto(self, values: dict[str, Any]) -> None:
+        """Fill the config's ``"auto"`` entries named by dotted key in `values`."""

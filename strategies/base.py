@@ -18,6 +18,9 @@ import torch
 from torch import nn
 
 from strategies import checkpoint_io, collectives
+from strategies import checkpoint_store as store
+from strategies.checkpoint_staging import Staging
+from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment
 from strategies.materialize import has_meta_tensors, materialize
 from strategies.precision import Precision
@@ -280,19 +283,28 @@ class Strategy:
     def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         self.unwrap_module(module).load_state_dict(state, strict=strict)
 
-    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-        """Write the models' and optimizers' states into a checkpoint being staged by `writer` (every rank calls it).
+    def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
+        """Read the models' and optimizers' states for a checkpoint (every process, in step: it may be a collective)
+        and return the function that writes this process's files of them (`strategies.checkpoint_store`).
 
-        Here: rank 0 writes full state dicts (``model.safetensors``, ``optimizer.bin``, ...); a sharded
-        strategy writes each rank's shards instead.
+        With `staging` (an asynchronous save) the states are copied into its buffers now and written from there
+        later; without, the write reads the live tensors. Here: process 0 writes full state dicts
+        (``model.safetensors``, ``optimizer.bin``, ...); a sharded strategy writes each process's shards instead.
         """
         states = [self.module_state_dict(m) for m in models]  # may be a collective: all ranks
         if self.rank != 0:
-            return
-        for i, state in enumerate(states):
-            writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
-        for i, opt in enumerate(optimizers):
-            writer.save_torch(checkpoint_io.indexed("optimizer", i, "bin"), opt.state_dict())
+            return _write_nothing
+        optimizer_states = [opt.state_dict() for opt in optimizers]
+        if staging is not None:
+            states, optimizer_states = staging.copy("models", states), staging.copy("optimizers", optimizer_states)
+
+        def write(writer: checkpoint_io.CheckpointWriter) -> None:
+            for i, state in enumerate(states):
+                writer.save_safetensors(store.model_file(i), state)
+            for i, state in enumerate(optimizer_states):
+                writer.save_torch(store.optimizer_file(i), state)
+
+        return write
 
     def load_checkpoint(
         self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
@@ -309,21 +321,21 @@ class Strategy:
         if checkpoint_io.is_sharded(path):
             checkpoint_io.load_sharded(reader, models, optimizers, strict=strict)
             return
-        if optimizers and (path / checkpoint_io.DEEPSPEED_DIR).is_dir():
+        if optimizers and (path / store.DEEPSPEED_DIR).is_dir():
             raise checkpoint_io.CheckpointError(
                 f"checkpoint {str(path)!r} holds DeepSpeed engine states, which only strategy='deepspeed' resumes (its "
                 f"optimizer states are partitioned by DeepSpeed); this run uses strategy={self.name!r}. Resume it with "
                 "strategy='deepspeed', or start from its weights alone (model.safetensors: TrainModule.load_from_checkpoint, "
                 "or strategies.checkpoint_io.load_weights(directory, model))"
             )
-        sources = [checkpoint_io.indexed("model", i, "safetensors") for i in range(len(models))]
+        sources = [store.model_file(i) for i in range(len(models))]
         for model, source in zip(models, sources):  # every model is checked (from the file headers) before any is changed
             shapes = checkpoint_io.safetensors_shapes(path / source)
             checkpoint_io.check_state_fits(shapes, self.unwrap_module(model), path / source, strict=strict)
         for model, source in zip(models, sources):
             self.load_module_state_dict(model, reader.load_safetensors(source), strict=strict)
         for i, opt in enumerate(optimizers):
-            opt.load_state_dict(reader.torch_load(checkpoint_io.indexed("optimizer", i, "bin"), map_location=self.device))
+            opt.load_state_dict(reader.torch_load(store.optimizer_file(i), map_location=self.device))
 
     def teardown(self) -> None:
         """Release process groups and other resources."""
@@ -338,6 +350,10 @@ def _init_context(strategy: Strategy, device: torch.device) -> Iterator[None]:
     with device, strategy.precision.module_init_context():
         yield
     strategy.init_rng_state = torch.get_rng_state()
+
+
+def _write_nothing(writer: checkpoint_io.CheckpointWriter) -> None:
+    """What a process without files of its own in a checkpoint writes."""
 
 
 def materialize_if_empty(strategy: Strategy, module: nn.Module, device: torch.device | None = None) -> None:

@@ -240,6 +240,7 @@ class CheckpointWriter:
         self.files: dict[str, dict[str, Any]] = {}
         self._flushing: list[tuple[str, int, Future[None]]] = []  # (name, bytes, its fsync in the background)
         self._pool: ThreadPoolExecutor | None = None
+        self.group: Any = None  # the process group of sharded writes (None: the default; a background save's own)
 
     def clear_staging(self) -> None:
         """Remove what crashed saves left next to the target (rank 0, before the others write), then make the staging directory."""
@@ -326,7 +327,7 @@ class CheckpointWriter:
             self._flush_later(fd, path.relative_to(self.staging).as_posix(), path.stat().st_size)
 
         storage = HashingWriter(self.staging / name, self.algorithm, flush=flush)
-        dcp.save(state, storage_writer=storage)
+        dcp.save(state, storage_writer=storage, process_group=self.group)
         for path, (size, digest) in storage.written.items():
             self.files[path.relative_to(self.staging).as_posix()] = {"size": size, "digest": digest}
 
@@ -689,34 +690,7 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
     return all((Path(directory) / name).is_file() for name in manifest.get("files") or {})
 
 
-# --------------------------------------------------------------------------------------------- a run's checkpoints
-LAST_POINTER_NAME = "last.json"
-
-
-def default_checkpoint_dir(project_dir: str | os.PathLike[str]) -> Path:
-    """``<project_dir>/checkpoints``, absolute: where a `Trainer` run's checkpoints go unless told otherwise."""
-    return Path(project_dir).absolute() / "checkpoints"
-
-
-def write_last_pointer(dirpath: Path, checkpoint: Path) -> None:
-    """Make ``<dirpath>/last.json`` name `checkpoint` (a directory inside `dirpath`), atomically."""
-    write_json_durably(dirpath / LAST_POINTER_NAME, {"format": FORMAT_NAME, "last": checkpoint.name})
-
-
-def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
-    """The checkpoint that ``<dirpath>/last.json`` names, if it is a complete checkpoint inside `dirpath`."""
-    dirpath = Path(dirpath)
-    try:
-        data = json.loads((dirpath / LAST_POINTER_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    name = data.get("last") if isinstance(data, dict) else None
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
-        return None
-    candidate = dirpath / name
-    return candidate if is_complete(candidate) else None
-
-
+# --------------------------------------------------------------------------------------------- exported weights
 def save_model_weights(
     state: dict[str, torch.Tensor], directory: Path, *, max_shard_size: int | str = "10GB", safe_serialization: bool = True,
     weights_name: str = "model.safetensors",
@@ -794,7 +768,8 @@ def _owner(models: list[Any], optimizer: torch.optim.Optimizer) -> Any:
     raise ValueError("an optimizer steps parameters of none of the prepared models; prepare the model it optimizes")
 
 
-def _dcp_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+def sharded_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The models' and optimizers' states as `torch.distributed.checkpoint` saves and loads them (this process's shards)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {f"model_{i}": get_model_state_dict(m) for i, m in enumerate(models)}
@@ -803,13 +778,8 @@ def _dcp_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> di
     return state
 
 
-def save_sharded(writer: CheckpointWriter, models: list[Any], optimizers: list[torch.optim.Optimizer]) -> None:
-    """Every process writes its shards of the models and optimizers into ``sharded/`` (collective), hashed as written."""
-    writer.save_dcp(SHARDED_DIR, _dcp_state(models, optimizers))
-
-
 def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
-    """Load a `save_sharded` checkpoint into these models and optimizers, resharding to this run's processes.
+    """Load a sharded (`sharded_state`) checkpoint into these models and optimizers, resharding to this run's processes.
 
     Each process checks the shard files it reads as it reads them (`CheckpointReader.dcp_reader`). Works for any
     number of processes, also a plain single process without a process group.
@@ -818,7 +788,7 @@ def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[t
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    state = _dcp_state(models, optimizers)
+    state = sharded_state(models, optimizers)
     directory = reader.path(SHARDED_DIR)
     storage = reader.dcp_reader(SHARDED_DIR)  # checks .metadata now
     try:

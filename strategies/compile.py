@@ -97,6 +97,35 @@ def unwrap_compiled(model: Any) -> tuple[Any, Any]:
     return model, None
 
 
+_FORWARD_MARKS = ("_trainwright_compiled", "_trainwright_autocast")
+
+
+def plain_view(model: nn.Module) -> nn.Module:
+    """`model` as its class's eager forward runs it: the forwards this project replaced in place (compiled, here, or
+    wrapped for mixed precision by `strategies.precision.cast_forward`) are left out, in `model` and every submodule.
+
+    A view, not a copy: shallow copies of the modules on the way to a replaced forward, sharing every parameter,
+    buffer and untouched submodule with `model`, which keeps running as before. `model` itself when nothing was replaced.
+    """
+    if not any(_marked(m) for m in model.modules()):
+        return model
+    view = type(model).__new__(type(model))
+    view.__dict__ = dict(model.__dict__)
+    if _marked(model):
+        del view.__dict__["forward"]
+    children = dict(model._modules)
+    for name, child in children.items():
+        if child is not None:
+            children[name] = plain_view(child)
+    view.__dict__["_modules"] = children
+    return view
+
+
+def _marked(module: nn.Module) -> bool:
+    forward = module.__dict__.get("forward")
+    return forward is not None and any(getattr(forward, mark, False) for mark in _FORWARD_MARKS)
+
+
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The children of every ``nn.ModuleList`` in `model` whose children all share one class (outermost lists only)."""
     blocks: list[nn.Module] = []

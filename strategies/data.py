@@ -12,6 +12,7 @@ Shuffling: a `RandomSampler` is replaced by a `SeedableRandomSampler` drawing it
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import itertools
@@ -57,78 +58,63 @@ _CARRIED = (
 
 
 class SeedableRandomSampler(RandomSampler):
-    """A `RandomSampler` whose permutation is a function of ``seed + epoch`` only.
+    """Accelerate's ``SeedableRandomSampler``: the order of epoch ``e`` is drawn from a generator seeded with ``seed + e``.
 
-    Every process building one with the same seed draws the same permutation in the same epoch, and a
-    resumed run draws the permutation it was interrupted in. Given the state of the user's shuffle generator
-    (``generator_state``), the permutation of each epoch is instead the one a plain DataLoader with that
-    generator draws in that epoch, still a function of the epoch alone.
+    Every process building one with the same seed draws the same order in the same epoch, and a resumed run
+    draws the order it was interrupted in. The generator is the one given (reseeded every epoch, as Accelerate
+    does), else one of its own. ``seed`` (Accelerate's ``data_seed``) defaults to ``torch.initial_seed()``, the
+    seed `set_seed` set. Iterating it directly advances the epoch after a full pass (a prepared loader sets the
+    epoch itself).
     """
 
     def __init__(
-        self, data_source: Any, *, replacement: bool = False, num_samples: int | None = None, seed: int = 0,
-        generator_state: torch.Tensor | None = None, draws_base_seed: bool = True,
+        self, data_source: Any, replacement: bool = False, num_samples: int | None = None,
+        generator: torch.Generator | None = None, *, seed: int | None = None, data_seed: int | None = None,
     ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
-        self.draws_base_seed = draws_base_seed  # DataLoader(generator=g) draws its workers' base seed from g first
-        self.seed = seed
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        chosen = seed if seed is not None else data_seed
+        self.seed = int(chosen) if chosen is not None else torch.random.initial_seed()
         self.epoch = 0
-        # The user's shuffle generator, as it was when the loader was prepared: the order is then the plain
-        # DataLoader's (which draws its base seed, then the permutation, from that generator every epoch).
-        self.generator_state = generator_state
-        self._after: tuple[int, torch.Tensor] | None = None  # (epoch, generator state after it): sequential epochs are O(n)
+
+    @property
+    def initial_seed(self) -> int:
+        """Accelerate's name for ``seed``."""
+        return self.seed
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the permutation of ``epoch``."""
+        """Select the order of ``epoch``."""
         self.epoch = epoch
-
-    def _generator_for_epoch(self) -> torch.Generator:
-        gen = torch.Generator()
-        if self.generator_state is None:
-            gen.manual_seed(self.seed + self.epoch)
-            return gen
-        start, state = (self._after[0] + 1, self._after[1]) if self._after and self._after[0] < self.epoch else (0, self.generator_state)
-        gen.set_state(state)
-        n = len(self.data_source)
-        for _ in range(start, self.epoch):  # replay the epochs in between, as the plain loader consumed them
-            self._base_seed(gen)
-            self._draw_as_random_sampler(gen, n)
-        self._base_seed(gen)
-        return gen
-
-    def _base_seed(self, gen: torch.Generator) -> None:
-        if self.draws_base_seed:
-            torch.empty((), dtype=torch.int64).random_(generator=gen)
-
-    def _draw(self, gen: torch.Generator, n: int) -> torch.Tensor:
-        m = self.num_samples
-        if self.replacement:
-            return torch.randint(n, (m,), generator=gen, dtype=torch.int64)
-        parts = [torch.randperm(n, generator=gen) for _ in range(-(-m // n))]
-        return torch.cat(parts)[:m] if len(parts) > 1 or m < n else parts[0]
-
-    def _draw_as_random_sampler(self, gen: torch.Generator, n: int) -> torch.Tensor:
-        """What `RandomSampler.__iter__` draws from its generator in one full pass, in the same calls."""
-        m = self.num_samples
-        if self.replacement:
-            parts = [torch.randint(high=n, size=(32,), dtype=torch.int64, generator=gen) for _ in range(m // 32)]
-            parts.append(torch.randint(high=n, size=(m % 32,), dtype=torch.int64, generator=gen))
-        else:
-            parts = [torch.randperm(n, generator=gen) for _ in range(m // n)]
-            parts.append(torch.randperm(n, generator=gen)[: m % n])
-        return torch.cat(parts)
 
     def indices_tensor(self) -> torch.Tensor:
         """This epoch's indices as an int64 tensor (what iterating the sampler yields)."""
-        gen = self._generator_for_epoch()
-        if self.generator_state is None:
-            return self._draw(gen, len(self.data_source))
-        indices = self._draw_as_random_sampler(gen, len(self.data_source))
-        self._after = (self.epoch, gen.get_state())
-        return indices
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.seed + self.epoch)
+        return random_sampler_indices(self, self.generator)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices_tensor().tolist())
+        yield from self.indices_tensor().tolist()
+        self.epoch += 1
+
+
+def random_sampler_indices(sampler: RandomSampler, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One pass of a `RandomSampler` as an int64 tensor, drawn with the same calls as its ``__iter__``.
+
+    From ``generator`` if given, else from the sampler's own, else from a generator seeded by one draw from
+    torch's global RNG (so the RNGs are left exactly as iterating the sampler leaves them).
+    """
+    gen = generator if generator is not None else sampler.generator
+    if gen is None:
+        gen = torch.Generator()
+        gen.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    n, m = len(sampler.data_source), sampler.num_samples
+    if sampler.replacement:
+        parts = [torch.randint(high=n, size=(32,), dtype=torch.int64, generator=gen) for _ in range(m // 32)]
+        parts.append(torch.randint(high=n, size=(m % 32,), dtype=torch.int64, generator=gen))
+    else:
+        parts = [torch.randperm(n, generator=gen) for _ in range(m // n)]
+        parts.append(torch.randperm(n, generator=gen)[: m % n])
+    return torch.cat(parts)
 
 
 def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocking: bool = False) -> Any:
@@ -211,6 +197,10 @@ class _Progress:
     resume_skip: int = 0  # batches the next pass skips (set by load_state_dict)
     complete: bool = False  # the last batch of the epoch has been handed out
     end: bool = False  # the batch in use is the last of the pass
+    # The RNG states the order of the pass in progress was drawn from (taken as it started), and a pass to resume:
+    # (epoch, those states) loaded by load_state_dict, redrawn without touching the live RNGs.
+    record: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    resume: tuple[int, dict[str, torch.Tensor]] | None = None
 
     def advance(self) -> None:
         if self.complete:
@@ -233,7 +223,36 @@ def _flat_index_tensor(sampler: Any) -> torch.Tensor:
         return indices
     if type(sampler) is SequentialSampler:
         return torch.arange(len(sampler))
+    if type(sampler) is RandomSampler:
+        return random_sampler_indices(sampler)
     return torch.as_tensor(list(sampler), dtype=torch.int64)
+
+
+def _inner_sampler(shard: Any) -> Any:
+    """The sampler under a `BatchSamplerShard`'s batch sampler (None for a batch sampler without one)."""
+    return getattr(getattr(shard, "batch_sampler", None), "sampler", None)
+
+
+def _draws_nothing(sampler: Any) -> bool:
+    """Whether a sampler's order is fixed by its settings and epoch alone (nothing to record for a resume)."""
+    return type(sampler) is SequentialSampler or isinstance(sampler, SeedableRandomSampler)
+
+
+def _encode_state(state: torch.Tensor) -> str:
+    return base64.b64encode(state.contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _decode_state(text: Any, like: torch.Tensor, what: str) -> torch.Tensor:
+    try:
+        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else None
+    except ValueError:
+        raw = None
+    if raw is None or len(raw) != like.numel():
+        raise ValueError(
+            f"state_dict['order'][{what!r}] is not the saved state of a {like.numel()}-byte RNG; pass the dict returned by "
+            "DataLoaderShard.state_dict() unchanged"
+        )
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
 def _batch_fetcher(loader: DataLoader) -> tuple[Callable[[Any], Any], bool] | None:
@@ -266,7 +285,10 @@ class DataLoaderShard(DataLoader):
         device: where batches go (``None``: left where they are).
         put_on_device: ``False`` leaves batches on the CPU.
         non_blocking: passed to ``Tensor.to``.
-        seed: the shuffling seed (recorded in ``state_dict``).
+        seed: the shuffling seed of a `SeedableRandomSampler` (recorded in ``state_dict``).
+        synchronize: called with ``synchronized_generator`` when a pass starts (not when it resumes mid-epoch);
+            `Accelerator` makes the processes' RNGs equal there (Accelerate's ``rng_types``).
+        synchronized_generator: the generator the order is drawn from, to keep equal on every process.
     """
 
     def __init__(
@@ -277,6 +299,8 @@ class DataLoaderShard(DataLoader):
         put_on_device: bool = True,
         non_blocking: bool = False,
         seed: int = 0,
+        synchronize: Callable[[torch.Generator | None], None] | None = None,
+        synchronized_generator: torch.Generator | None = None,
         **loader_kwargs: Any,
     ) -> None:
         self._loader_batch_size: int | None = None
@@ -288,6 +312,8 @@ class DataLoaderShard(DataLoader):
         self.device = torch.device(device) if device is not None and put_on_device else None
         self.non_blocking = non_blocking
         self.seed = seed
+        self.synchronize = synchronize
+        self.synchronized_generator = synchronized_generator
         self._progress = _Progress()
         self._skip_once: int | None = None
         self._pass_skip: int | None = None
@@ -350,16 +376,32 @@ class DataLoaderShard(DataLoader):
         progress = self._progress
         if epoch != progress.epoch or progress.complete:
             self._progress.epoch, progress.position, progress.resume_skip, progress.complete = epoch, 0, 0, False
+            progress.resume = None
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "batches_yielded", "seed"}``: enough to resume at the next batch, JSON-serializable."""
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "batches_yielded", "seed"}``, JSON-serializable: enough to resume at the next batch.
+
+        Where the order is drawn from an RNG, ``"order"`` holds what the pass needs to be drawn again: mid-epoch, the
+        states of the RNGs it was drawn from (the sampler's generator, or torch's global RNG) as the pass started; at
+        the end of an epoch, the sampler's generator as it is (torch's global RNG is the checkpoint's to restore).
+        """
         progress = self._progress
         if progress.complete:
-            return {"epoch": progress.epoch + 1, "batches_yielded": 0, "seed": self.seed}
-        return {"epoch": progress.epoch, "batches_yielded": progress.position, "seed": self.seed}
+            state: dict[str, Any] = {"epoch": progress.epoch + 1, "batches_yielded": 0, "seed": self.seed}
+        else:
+            state = {"epoch": progress.epoch, "batches_yielded": progress.position, "seed": self.seed}
+        order = progress.record if state["batches_yielded"] else self._boundary_record()
+        if order:
+            state["order"] = {name: _encode_state(value) for name, value in order.items()}
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Resume where ``state_dict`` was taken: the next ``iter()`` starts at the following batch."""
+        """Resume where ``state_dict`` was taken: the next ``iter()`` starts at the following batch.
+
+        A pass resumed mid-epoch redraws the order it was interrupted in from the recorded RNG states, without
+        drawing from the live RNGs (the checkpoint restored them as they were after the pass's draws); the
+        sampler's generator is left where the uninterrupted pass left it.
+        """
         values = {}
         for key in ("epoch", "batches_yielded", "seed"):
             value = state_dict.get(key) if isinstance(state_dict, Mapping) else None
@@ -369,13 +411,68 @@ class DataLoaderShard(DataLoader):
                     "(keys 'epoch', 'batches_yielded', 'seed', non-negative ints)"
                 )
             values[key] = value
+        record = self._loaded_record(state_dict.get("order"))
         self.seed = values["seed"]
-        sampler = getattr(self._shard, "batch_sampler", self._shard)
-        inner = getattr(sampler, "sampler", None)
+        inner = _inner_sampler(self._shard)
         if isinstance(inner, SeedableRandomSampler):
             inner.seed = self.seed
         self._progress.epoch, self._progress.complete = values["epoch"], False
         self._progress.position = self._progress.resume_skip = values["batches_yielded"]
+        if values["batches_yielded"]:
+            self._progress.record, self._progress.resume = record, (values["epoch"], record)
+        else:
+            self._progress.record, self._progress.resume = {}, None
+            if "generator" in record:
+                self._order_generator().set_state(record["generator"])  # type: ignore[union-attr]
+
+    def _order_generator(self) -> torch.Generator | None:
+        """The generator the sampler draws its order from (None: a fixed order, or torch's global RNG)."""
+        sampler = _inner_sampler(self._shard)
+        generator = getattr(sampler, "generator", None)
+        return generator if isinstance(generator, torch.Generator) and not _draws_nothing(sampler) else None
+
+    def _pass_record(self) -> dict[str, torch.Tensor]:
+        """The states of the RNGs this pass's order will be drawn from, as it starts."""
+        if not isinstance(self._shard, BatchSamplerShard) or _draws_nothing(_inner_sampler(self._shard)):
+            return {}
+        generator = self._order_generator()
+        return {"generator": generator.get_state()} if generator is not None else {"global": torch.get_rng_state()}
+
+    def _boundary_record(self) -> dict[str, torch.Tensor]:
+        generator = self._order_generator()
+        return {"generator": generator.get_state()} if generator is not None else {}
+
+    def _loaded_record(self, order: Any) -> dict[str, torch.Tensor]:
+        if order is None:
+            return {}
+        if not isinstance(order, Mapping) or not set(order) <= {"generator", "global"}:
+            raise ValueError(
+                f"state_dict['order']={order!r:.80} is not valid; pass the dict returned by DataLoaderShard.state_dict() unchanged"
+            )
+        record = {}
+        if "global" in order:
+            record["global"] = _decode_state(order["global"], torch.get_rng_state(), "global")
+        generator = self._order_generator()
+        if "generator" in order and generator is not None:
+            record["generator"] = _decode_state(order["generator"], generator.get_state(), "generator")
+        return record
+
+    def _redraw(self, record: dict[str, torch.Tensor]) -> Any:
+        """The order a pass drew from the RNG states in ``record``, drawn again as it was (base seed first), leaving
+        torch's global RNG as it is and the sampler's generator where that pass left it."""
+        shard: BatchSamplerShard = self._shard  # type: ignore[assignment]
+        sampler = _inner_sampler(shard)
+        generator = self._order_generator()
+        with torch.random.fork_rng(devices=[]):
+            if "global" in record:
+                torch.set_rng_state(record["global"])
+            if "generator" in record and generator is not None:
+                generator.set_state(record["generator"])
+            if self.generator is None or self.generator is generator:
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            if shard.arithmetic:
+                return _flat_index_tensor(sampler)
+            return [list(batch) for batch in shard.batch_sampler]
 
     def __len__(self) -> int:
         """Batches the current pass yields on this process (a `skip_first_batches` view: the rest after the skip).
@@ -400,8 +497,10 @@ class DataLoaderShard(DataLoader):
         self._set_epoch_on_samplers(progress.epoch)
         progress.end = False
         self._pass_skip = skip
+        resume, progress.resume = progress.resume, None
         in_place = self._fetched_in_place and isinstance(self._shard, BatchSamplerShard)  # read by _batches' fetcher
-        return self._run_pass(self._batches(skip), progress, None if in_place else self.device)
+        replay = resume[1] if resume is not None and resume[0] == progress.epoch else None
+        return self._run_pass(self._batches(skip, replay), progress, None if in_place else self.device)
 
     def _run_pass(self, batches: Iterator[Any], progress: _Progress, device: torch.device | None) -> Iterator[Any]:
         non_blocking = self.non_blocking
@@ -423,45 +522,60 @@ class DataLoaderShard(DataLoader):
             progress.end = False  # the pass is over: gather_for_metrics must not trim other loaders' batches
             progress.advance()
 
-    def _batches(self, skip: int) -> Iterator[Any]:
+    def _batches(self, skip: int, replay: dict[str, torch.Tensor] | None) -> Iterator[Any]:
         """Raw batches of this pass, starting at batch ``skip``.
 
-        A pass draws the DataLoader's base seed from the RNG when it starts, as a plain DataLoader does. A pass
-        starting mid-epoch continues one that drew it before the checkpoint (which saved the RNG after that
-        draw), so it leaves the RNG as it is: a resumed run then sees the same random numbers.
+        A pass draws as a plain DataLoader does: the processes' RNGs are synchronized (``synchronize``), the base
+        seed is drawn, then the sampler draws the order at the first batch. A pass resumed mid-epoch (``replay``:
+        the RNG states its order was drawn from) continues one that drew before the checkpoint, which saved the RNGs
+        after those draws: it draws nothing from the live RNGs and redraws its order from ``replay``, so a resumed
+        run sees the same batches and the same random numbers.
         """
+        shard = self._shard
+        order = None
+        if replay is None:
+            if self.synchronize is not None:
+                self.synchronize(self.synchronized_generator)
+            self._progress.record = self._pass_record()
+        else:
+            self._progress.record = replay
+            order = self._redraw(replay) if replay and isinstance(shard, BatchSamplerShard) else None
         rng = self.generator if self.generator is not None else torch.default_generator
-        state = rng.get_state() if skip > 0 else None
-        if isinstance(self._shard, BatchSamplerShard) and self._fetcher is not None:
+        state = rng.get_state() if replay is not None else None
+        if isinstance(shard, BatchSamplerShard) and self._fetcher is not None:
             torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-            batches: Iterator[Any] = self._fetched_batches(skip)
-        elif isinstance(self._shard, BatchSamplerShard):
-            self._shard.first_batch = skip  # read when the DataLoader's iterator draws its sampler iterator(s)
+            batches: Iterator[Any] = self._fetched_batches(skip, order)
+        elif isinstance(shard, BatchSamplerShard):
+            # read when the DataLoader's iterator draws its sampler iterator(s)
+            shard.first_batch, shard.order = skip, order.tolist() if isinstance(order, torch.Tensor) else order
             try:
                 batches = super().__iter__()
             finally:
-                self._shard.first_batch = 0
+                shard.first_batch, shard.order = 0, None
         else:  # iterable data sets (and unsharded samplers) cannot seek: skipped batches are read and dropped
             batches = itertools.islice(super().__iter__(), skip, None)
         if state is not None:
             rng.set_state(state)
         return batches
 
-    def _fetched_batches(self, skip: int) -> Iterator[Any]:
+    def _fetched_batches(self, skip: int, order: Any) -> Iterator[Any]:
         fetch, takes_tensor = self._fetcher  # type: ignore[misc]
         shard: BatchSamplerShard = self._shard  # type: ignore[assignment]
         if not shard.arithmetic:
-            shard.first_batch = skip
+            shard.first_batch, shard.order = skip, order
             try:
                 indices = iter(shard)
             finally:
-                shard.first_batch = 0
+                shard.first_batch, shard.order = 0, None
             for idx in indices:
                 yield fetch(torch.as_tensor(idx, dtype=torch.int64) if takes_tensor else idx)
             return
         sampler = shard.batch_sampler.sampler
         total: Any = shard.total_batch_size
-        seq: Any = _flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
+        if order is not None:
+            seq: Any = order if takes_tensor else order.tolist()
+        else:
+            seq = _flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
         take = _take_tensor if takes_tensor else take_span
         length = len(seq)
         for begin, end in shard.spans(length, skip):  # a span inside the index tensor is a view of it
@@ -474,6 +588,10 @@ class DataLoaderShard(DataLoader):
         for target in targets:
             if target is not None and hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
+        # Accelerate tells a map-style data set the epoch too, unless (with several processes) the sampler took it
+        if isinstance(shard, BatchSamplerShard) and hasattr(self.dataset, "set_epoch"):
+            if shard.num_processes == 1 or not hasattr(targets[2], "set_epoch"):
+                self.dataset.set_epoch(epoch)
 
 
 _END = object()
@@ -483,22 +601,36 @@ def _carried_kwargs(loader: DataLoader) -> dict[str, Any]:
     return {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
 
 
-def _seedable(batch_sampler: Any, seed: int, loader_generator: Any = None) -> Any:
-    """The same batch sampler, drawing from a `SeedableRandomSampler` where it drew from a `RandomSampler`."""
-    if type(batch_sampler) is not BatchSampler or type(batch_sampler.sampler) is not RandomSampler:
-        return batch_sampler
-    old = batch_sampler.sampler
-    state = old.generator.get_state() if old.generator is not None else None
-    sampler = SeedableRandomSampler(
-        old.data_source, replacement=old.replacement, num_samples=old._num_samples, seed=seed, generator_state=state,
-        draws_base_seed=old.generator is not None and old.generator is loader_generator,
-    )
-    return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+def _ordered(batch_sampler: Any, seed: int | None, num_processes: int) -> tuple[Any, torch.Generator | None]:
+    """The batch sampler drawing its order as Accelerate's prepared one does, and the generator to synchronize.
+
+    With a ``seed``, a `RandomSampler` (or subclass) becomes a `SeedableRandomSampler` (``use_seedable_sampler``).
+    Without, the sampler is kept; with several processes a sampler with a ``generator`` attribute left at ``None``
+    gets a generator seeded by one draw from torch's global RNG, as Accelerate gives it (on the sampler itself).
+    """
+    sampler = getattr(batch_sampler, "sampler", None)
+    if seed is not None:
+        if not isinstance(sampler, RandomSampler):
+            return batch_sampler, None
+        seeded = SeedableRandomSampler(
+            sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, generator=sampler.generator,
+            seed=seed,
+        )
+        if type(batch_sampler) is BatchSampler:
+            return BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last), None
+        batch_sampler.sampler = seeded  # a custom batch sampler: replaced in place, as Accelerate does
+        return batch_sampler, None
+    if num_processes == 1 or not hasattr(sampler, "generator"):
+        return batch_sampler, None
+    if sampler.generator is None:
+        sampler.generator = torch.Generator()
+        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return batch_sampler, sampler.generator
 
 
 def _build(
     dataloader: DataLoader, *, num_processes: int, process_index: int, split_batches: bool, even_batches: bool,
-    seedable: bool, seed: int, **shard_kwargs: Any,
+    seed: int | None, dispatch: bool = False, **shard_kwargs: Any,
 ) -> DataLoaderShard:
     kwargs = _carried_kwargs(dataloader)
     dataset = dataloader.dataset
@@ -508,13 +640,23 @@ def _build(
                 "prepare_data_loader cannot shard an iterable data set loaded with batch_size=None; "
                 "give the DataLoader a batch_size"
             )
+        several = num_processes > 1 and not dispatch
         shard = IterableDatasetShard(
             dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, num_processes=num_processes,
-            process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+            process_index=process_index, split_batches=split_batches, even_batches=even_batches, dispatch=dispatch,
+            seed_generator=several,
         )
+        if dispatch:  # Accelerate's dispatcher loads without the user's generator (the base seed comes from the global RNG)
+            kwargs.pop("generator", None)
+        generator = getattr(dataset, "generator", None) if several else None
         return DataLoaderShard(
-            shard, batch_size=shard.per_process_batch_size, drop_last=dataloader.drop_last, seed=seed,
-            **shard_kwargs, **kwargs,
+            shard, batch_size=shard.per_process_batch_size, drop_last=dataloader.drop_last, seed=seed or 0,
+            synchronized_generator=generator if isinstance(generator, torch.Generator) else None, **shard_kwargs, **kwargs,
+        )
+    if dispatch:
+        raise NotImplementedError(
+            "dispatch_batches=True for a map-style data set (rank 0 loads and scatters every batch) is not supported; every "
+            "rank loads its own shard. Leave dispatch_batches unset"
         )
     as_sampler = dataloader.batch_sampler is None
     batch_sampler = dataloader.sampler if as_sampler else dataloader.batch_sampler
@@ -523,12 +665,13 @@ def _build(
             f"prepare_data_loader cannot shard a DataLoader with batch_size=None over a {type(batch_sampler).__name__}; "
             "give it a batch_size, or pass a BatchSampler as its sampler"
         )
+    batch_sampler, generator = _ordered(batch_sampler, seed, num_processes)
     batch_shard = BatchSamplerShard(
-        _seedable(batch_sampler, seed, dataloader.generator) if seedable else cast(Any, batch_sampler), num_processes=num_processes,
-        process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+        batch_sampler, num_processes=num_processes, process_index=process_index, split_batches=split_batches,
+        even_batches=even_batches,
     )
     placement = {"sampler": batch_shard, "batch_size": None} if as_sampler else {"batch_sampler": batch_shard}
-    return DataLoaderShard(dataset, seed=seed, **placement, **shard_kwargs, **kwargs)
+    return DataLoaderShard(dataset, seed=seed or 0, synchronized_generator=generator, **placement, **shard_kwargs, **kwargs)
 
 
 def prepare_data_loader(
@@ -541,29 +684,41 @@ def prepare_data_loader(
     even_batches: bool = True,
     put_on_device: bool = True,
     non_blocking: bool = False,
-    seed: int = 0,
+    seed: int | None = 0,
+    dispatch_batches: bool | None = None,
+    synchronize: Callable[[torch.Generator | None], None] | None = None,
 ) -> DataLoaderShard:
     """Rebuild ``dataloader`` to load only this process's shard (see `strategies.sharding` for the policy).
 
     Two processes, 22 samples, ``batch_size=3``: process 0 gets ``[0,1,2] [6,7,8] [12,13,14] [18,19,20]``
     and process 1 gets ``[3,4,5] [9,10,11] [15,16,17] [21,0,1]``. Workers, collate function, pinning,
-    worker init function, generator and persistent workers are kept. A shuffling loader shuffles with
-    ``seed + epoch`` on every process.
+    worker init function, generator and persistent workers are kept.
+
+    The order is Accelerate's for the same settings. With an int ``seed`` a shuffling loader shuffles with
+    ``seed + epoch`` on every process (Accelerate's ``use_seedable_sampler=True``, ``data_seed=seed``). With
+    ``seed=None`` the sampler draws from its generator, or from torch's global RNG, at every pass, as a plain
+    DataLoader does; with several processes a sampler without a generator is given one (seeded from the global
+    RNG) and ``synchronize`` is called with it when each pass starts, to make it equal on every process.
+    ``dispatch_batches`` (default: ``put_on_device``) gives an iterable data set the last step of Accelerate's
+    ``DataLoaderDispatcher`` (see `strategies.sharding.shard_stream`); every process reads the stream.
 
     Raises:
         TypeError: if ``dataloader`` is not a `torch.utils.data.DataLoader`.
         ValueError: for a bad process count or index, ``split_batches`` with a batch size that does not
             divide, or a loader with no batch size over a plain sampler.
+        NotImplementedError: for ``dispatch_batches=True`` with a map-style data set.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     check_processes(num_processes, process_index)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed={seed!r} must be an int")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed={seed!r} must be an int, or None (the sampler draws from its generator or the global RNG)")
+    iterable = isinstance(dataloader.dataset, IterableDataset)
+    dispatch = (put_on_device if dispatch_batches is None else bool(dispatch_batches)) and (iterable or dispatch_batches is True)
     return _build(
         dataloader, num_processes=num_processes, process_index=process_index, split_batches=split_batches,
-        even_batches=even_batches, seedable=True, seed=seed, device=device, put_on_device=put_on_device,
-        non_blocking=non_blocking,
+        even_batches=even_batches, seed=seed, dispatch=dispatch, device=device, put_on_device=put_on_device,
+        non_blocking=non_blocking, synchronize=synchronize,
     )
 
 
@@ -586,8 +741,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         view._iterator = None
     elif isinstance(dataloader, DataLoader):
         view = _build(
-            dataloader, num_processes=1, process_index=0, split_batches=False, even_batches=False,
-            seedable=False, seed=0, put_on_device=False,
+            dataloader, num_processes=1, process_index=0, split_batches=False, even_batches=False, seed=None, put_on_device=False,
         )
     else:
         raise TypeError(f"skip_first_batches expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")

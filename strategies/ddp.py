@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -31,6 +32,11 @@ class DDPStrategy(Strategy):
         static_graph: passed to DDP.
         bucket_cap_mb: passed to DDP.
         gradient_as_bucket_view: passed to DDP.
+        ddp_options: further ``DistributedDataParallel`` keyword arguments (``dim``, ``broadcast_buffers``, ...).
+        comm_hook: a communication hook registered on the DDP model (`register_comm_hook`): ``"fp16"``, ``"bf16"``,
+            ``"power_sgd"`` or ``"batched_power_sgd"``.
+        comm_wrapper: ``"fp16"``/``"bf16"``: wrap a PowerSGD `comm_hook` in that compression.
+        comm_state_option: ``PowerSGDState`` arguments for a PowerSGD hook.
     """
 
     name = "ddp"
@@ -47,6 +53,10 @@ class DDPStrategy(Strategy):
         static_graph: bool = False,
         bucket_cap_mb: float | None = None,
         gradient_as_bucket_view: bool = False,
+        ddp_options: dict[str, Any] | None = None,
+        comm_hook: str | None = None,
+        comm_wrapper: str | None = None,
+        comm_state_option: dict[str, Any] | None = None,
     ) -> None:
         cluster = detect_environment() if cluster is None else cluster
         if not dist.is_available():
@@ -62,6 +72,9 @@ class DDPStrategy(Strategy):
         }
         if bucket_cap_mb is not None:
             self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
+        self.ddp_kwargs.update(ddp_options or {})
+        _check_comm_hook(comm_hook, comm_wrapper, comm_state_option)
+        self.comm_hook: dict[str, Any] | None = {"hook": comm_hook, "wrapper": comm_wrapper, "state_option": dict(comm_state_option or {})} if comm_hook else None
         self._owns_group = False
 
     def setup_environment(self) -> None:
@@ -74,7 +87,10 @@ class DDPStrategy(Strategy):
         if not wrap or not self.is_distributed or not any(p.requires_grad for p in module.parameters()):
             return module
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+        wrapped = nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+        if self.comm_hook is not None:
+            register_comm_hook(wrapped, **self.comm_hook)
+        return wrapped
 
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         if isinstance(module, nn.parallel.DistributedDataParallel):
@@ -101,8 +117,13 @@ class DDPStrategy(Strategy):
         if not isinstance(joinables, (list, tuple)):
             raise TypeError(f"joinables={joinables!r} must be a list of prepared models, e.g. join_uneven_inputs([model])")
         bad = [j for j in joinables if not isinstance(j, Joinable)]
-        if bad:
-            raise TypeError(f"join_uneven_inputs takes the models prepared for DDP; {bad!r} cannot join (pass what prepare() returned)")
+        if bad:  # as Accelerate: enter, with a warning, rather than fail
+            warnings.warn(
+                f"Joining uneven inputs is only supported for multi-GPU (DDP) training: {bad!r:.120} cannot join (not a "
+                "DDP-wrapped model: pass what prepare() returned), so join_uneven_inputs has no effect",
+                stacklevel=4,
+            )
+            return contextlib.nullcontext()
         return Join(list(joinables), enable=enable, throw_on_early_termination=False)
 
     def prepare_for_backward(self, module: nn.Module, output: Any) -> None:
@@ -126,3 +147,39 @@ class DDPStrategy(Strategy):
     def teardown(self) -> None:
         leave_process_group(self._owns_group)
         self._owns_group = False
+
+
+_HOOKS = ("fp16", "bf16", "power_sgd", "batched_power_sgd")
+
+
+def _check_comm_hook(hook: str | None, wrapper: str | None, state_option: dict[str, Any] | None) -> None:
+    if hook is not None and hook not in _HOOKS:
+        raise ValueError(f"comm_hook={hook!r} is not a DDP communication hook; choose one of {_HOOKS}")
+    if wrapper is not None and (wrapper not in ("fp16", "bf16") or hook is None):
+        raise ValueError(f"comm_wrapper={wrapper!r} must be 'fp16' or 'bf16', around a comm_hook")
+    if state_option and hook not in ("power_sgd", "batched_power_sgd"):
+        raise ValueError(f"comm_state_option={state_option!r} configures PowerSGD; set comm_hook='power_sgd' or drop it")
+
+
+def register_comm_hook(model: nn.Module, hook: str, wrapper: str | None = None, state_option: dict[str, Any] | None = None) -> None:
+    """Register torch's DDP communication `hook` on the ``DistributedDataParallel`` `model` (as Accelerate's
+    ``DistributedDataParallelKwargs.register_comm_hook``).
+
+    ``"fp16"``/``"bf16"``: gradients are all-reduced in that dtype (``default_hooks.fp16_compress_hook`` /
+    ``bf16_compress_hook``) and divided by the world size; ``"power_sgd"``/``"batched_power_sgd"``: PowerSGD low-rank
+    compression, with a ``PowerSGDState(process_group=None, **state_option)``; `wrapper` ``"fp16"``/``"bf16"`` compresses
+    the PowerSGD hook's own communication too.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    _check_comm_hook(hook, wrapper, state_option)
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError(f"a communication hook goes on a DistributedDataParallel model, got {type(model).__name__}")
+    hooks: dict[str, Any] = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
+                             "power_sgd": powerSGD_hook.powerSGD_hook, "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook}
+    wrappers: dict[str, Any] = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+    function = hooks[hook]
+    if wrapper is not None:
+        function = wrappers[wrapper](function)
+    state = powerSGD_hook.PowerSGDState(None, **(state_option or {})) if hook in ("power_sgd", "batched_power_sgd") else None
+    model.register_comm_hook(state=state, hook=function)

@@ -35,8 +35,11 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies import checkpoint_io
+from strategies import checkpoint_store as store
 from strategies.abilities import Engine
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
+from strategies.checkpoint_staging import Staging
+from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import DeepSpeedPrecision, normalize_precision
 from strategies.process_group import join_process_group, leave_process_group
@@ -289,7 +292,14 @@ class DeepSpeedStrategy(Strategy, Engine):
         *,
         move: bool = True,
         batch_size: int | None = None,
+        model_parameters: Any = None,
+        lr_scheduler: Any = None,
     ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
+        """Build the engine. With no optimizer passed and an ``optimizer`` section in the config, the engine builds the
+        optimizer from it, over `model_parameters` (parameters or parameter groups; default: every trainable
+        parameter); `lr_scheduler` (a function of the optimizer) builds the engine's schedule when the config has
+        no ``scheduler`` section (Accelerate's ``DummyOptim``/``DummyScheduler``). The engine's schedule, if any, is
+        ``self.engine.lr_scheduler``, stepped by the engine in its optimizer step."""
         if self.engine is not None:
             raise ValueError(
                 "strategy='deepspeed' drives one model per run (one DeepSpeed engine); a second model was prepared. "
@@ -317,17 +327,35 @@ class DeepSpeedStrategy(Strategy, Engine):
                 "an optimizer was passed and the DeepSpeed config has an 'optimizer' section; use one: drop the section, "
                 "or pass no optimizer and let DeepSpeed build it"
             )
+        if model_parameters is not None and "optimizer" not in config:
+            raise ValueError("model_parameters are for the optimizer the DeepSpeed config describes, but the config has no 'optimizer' section")
+        if lr_scheduler is not None and "scheduler" in config:
+            raise ValueError("a scheduler function was passed and the DeepSpeed config has a 'scheduler' section; use one")
+        if model_parameters is None and "optimizer" in config:
+            model_parameters = [p for p in module.parameters() if p.requires_grad]
         deepspeed = import_deepspeed(self.device)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module,
             optimizer=optimizers[0] if optimizers else None,
-            model_parameters=[p for p in module.parameters() if p.requires_grad] if "optimizer" in config else None,
+            model_parameters=model_parameters,
+            lr_scheduler=lr_scheduler,
             config=config,
             dist_init_required=False,
         )
         self.engine = engine
         self._masters = bool(optimizers) or "optimizer" in config  # the optimizer keeps float32 master copies
         return engine, [] if optimizer is None or not self._masters else [optimizer]
+
+    def fill_auto(self, values: dict[str, Any]) -> None:
+        """Replace the config's ``"auto"`` entries named in `values` by dotted key (``"optimizer.params.lr"``); entries
+        set to anything else stay (Accelerate's ``deepspeed_config_process(must_match=False)``)."""
+        for dotted, value in values.items():
+            *path, key = dotted.split(".")
+            node: Any = self.config
+            for part in path:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get(key) == _AUTO:
+                node[key] = value
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         raise ValueError(
@@ -423,23 +451,36 @@ class DeepSpeedStrategy(Strategy, Engine):
             else:
                 safe_set_full_fp32_param(param, value)
 
-    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-        """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions) plus full float32 ``model.safetensors``."""
+    def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
+        """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions) plus full float32 ``model.safetensors``.
+
+        Synchronous only: DeepSpeed's engine writes its files itself, from its live partitions, in a collective.
+        """
+        if staging is not None:
+            raise NotImplementedError(
+                "async_save=True is not available with strategy='deepspeed': DeepSpeed's engine writes its checkpoint "
+                "files itself, from its live partitions and in its own collectives, so there is no copy to write in the "
+                "background. Save synchronously (leave async_save out)"
+            )
         engine = self._engine()
         states = [self.module_state_dict(m) for m in models]  # a collective: every rank
-        directory = writer.staging / checkpoint_io.DEEPSPEED_DIR
-        engine.save_checkpoint(str(directory), tag=_TAG, client_state={}, save_latest=False)
-        mine = re.compile(rf"(^|_)pp_rank_{self.rank}_")
-        anyone = re.compile(r"(^|_)pp_rank_\d+_")
-        written = [
-            path.relative_to(writer.staging).as_posix()
-            for path in sorted(directory.rglob("*"))
-            if path.is_file() and (mine.search(path.name) or (self.rank == 0 and not anyone.search(path.name)))
-        ]
-        writer.hash_written(written)
-        if self.rank == 0:
-            for i, state in enumerate(states):
-                writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
+
+        def write(writer: checkpoint_io.CheckpointWriter) -> None:
+            directory = writer.staging / store.DEEPSPEED_DIR
+            engine.save_checkpoint(str(directory), tag=_TAG, client_state={}, save_latest=False)
+            mine = re.compile(rf"(^|_)pp_rank_{self.rank}_")
+            anyone = re.compile(r"(^|_)pp_rank_\d+_")
+            written = [
+                path.relative_to(writer.staging).as_posix()
+                for path in sorted(directory.rglob("*"))
+                if path.is_file() and (mine.search(path.name) or (self.rank == 0 and not anyone.search(path.name)))
+            ]
+            writer.hash_written(written)
+            if self.rank == 0:
+                for i, state in enumerate(states):
+                    writer.save_safetensors(store.model_file(i), state)
+
+        return write
 
     def load_checkpoint(
         self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
@@ -449,7 +490,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         engine opens them itself), else the weights alone."""
         reader = reader if isinstance(reader, checkpoint_io.CheckpointReader) else checkpoint_io.CheckpointReader(reader)
         path = reader.directory
-        if not (path / checkpoint_io.DEEPSPEED_DIR).is_dir() or self.engine is None:
+        if not (path / store.DEEPSPEED_DIR).is_dir() or self.engine is None:
             # weights alone (no engine: a model prepared for evaluation), from model.safetensors
             if optimizers:
                 raise checkpoint_io.CheckpointError(
@@ -460,16 +501,16 @@ class DeepSpeedStrategy(Strategy, Engine):
             super().load_checkpoint(reader, models, optimizers, strict=strict)
             return
         engine = self.engine
-        reader.check_now([name for name in reader.expected or {} if name.startswith(f"{checkpoint_io.DEEPSPEED_DIR}/")])
+        reader.check_now([name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")])
         loaded, _ = engine.load_checkpoint(
-            str(path / checkpoint_io.DEEPSPEED_DIR),
+            str(path / store.DEEPSPEED_DIR),
             tag=_TAG,
             load_module_strict=strict,
             load_optimizer_states=bool(optimizers),
             load_lr_scheduler_states=engine.lr_scheduler is not None,
         )
         if loaded is None:
-            raise checkpoint_io.CheckpointError(f"DeepSpeed found no engine checkpoint in {str(path / checkpoint_io.DEEPSPEED_DIR)!r}")
+            raise checkpoint_io.CheckpointError(f"DeepSpeed found no engine checkpoint in {str(path / store.DEEPSPEED_DIR)!r}")
 
     def teardown(self) -> None:
         self.engine = None

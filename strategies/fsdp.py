@@ -27,8 +27,11 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies import checkpoint_io
+from strategies import checkpoint_store as store
 from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
+from strategies.checkpoint_staging import Staging
+from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.materialize import allocate_empty, full_state, has_meta_tensors, scatter_from_rank0, to_meta
 from strategies.precision import FSDPPrecision
@@ -321,10 +324,13 @@ class FSDPStrategy(Strategy):
         values: Any = state
         set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=True, strict=strict))
 
-    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-        """Every rank writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`), hashing
-        them as it writes them; nothing is gathered."""
-        checkpoint_io.save_sharded(writer, models, optimizers)
+    def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
+        """Every process writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`), hashing
+        them as it writes them; nothing is gathered. Staged, only this process's shards are copied."""
+        state = checkpoint_io.sharded_state(models, optimizers)
+        if staging is not None:
+            state = staging.copy("sharded", state)
+        return lambda writer: writer.save_dcp(store.SHARDED_DIR, state)
 
     def load_checkpoint(
         self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],

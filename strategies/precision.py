@@ -140,6 +140,7 @@ class Precision:
         self.scaler: torch.amp.GradScaler | None = None
         if self.mode == "fp16":
             self.scaler = torch.amp.GradScaler(self.device.type)
+        self.autocast_settings: dict[str, Any] = {}  # torch.autocast's enabled / cache_enabled (Accelerate's AutocastKwargs)
         self._unscaled: set[int] = set()
         self.step_was_skipped = False
 
@@ -182,14 +183,47 @@ class Precision:
             return contextlib.nullcontext()
         return DefaultDtype(self.parameter_dtype)
 
-    def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
+    def autocast(self, enabled: bool | None = None, cache_enabled: bool | None = None) -> AbstractContextManager[Any]:
         """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision); in the true modes it
-        makes the dtype torch's default dtype (parameters and inputs are already in it)."""
-        if self.dtype is None or not enabled:
+        makes the dtype torch's default dtype (parameters and inputs are already in it).
+
+        `enabled` and `cache_enabled` are ``torch.autocast``'s; unset, they are `autocast_settings`' (see
+        `configure_autocast`). ``enabled=False`` in a mixed mode is ``torch.autocast(enabled=False)``: float32 inside,
+        also within an enclosing autocast region.
+        """
+        on = self.autocast_settings.get("enabled", True) if enabled is None else enabled
+        if self.dtype is None:
             return contextlib.nullcontext()
         if self.parameter_dtype is not None:
-            return DefaultDtype(self.parameter_dtype)
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+            return DefaultDtype(self.parameter_dtype) if on else contextlib.nullcontext()
+        cache = self.autocast_settings.get("cache_enabled") if cache_enabled is None else cache_enabled
+        extra = {} if cache is None else {"cache_enabled": cache}
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype, enabled=on, **extra)
+
+    def uses_autocast(self) -> bool:
+        """Whether this precision computes through ``torch.autocast`` (the mixed modes; not the true ones)."""
+        return self.dtype is not None and self.parameter_dtype is None
+
+    def configure_autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> None:
+        """Set ``torch.autocast``'s `enabled` / `cache_enabled` for every autocast region of this precision (the
+        module's forward, the faces' ``autocast()``): Accelerate's ``AutocastKwargs``."""
+        if not self.uses_autocast():
+            raise ValueError(
+                f"autocast settings (enabled={enabled!r}, cache_enabled={cache_enabled!r}) need a mixed precision that runs "
+                f"torch.autocast, but {type(self).__name__} with mode {self.mode!r} runs none; use mixed_precision='bf16' or "
+                "'fp16' with strategy='single'/'ddp', or drop the settings"
+            )
+        self.autocast_settings = {"enabled": bool(enabled), "cache_enabled": cache_enabled}
+
+    def configure_scaler(self, **kwargs: Any) -> None:
+        """Rebuild the fp16 loss scaler with these ``GradScaler`` arguments (``init_scale``, ``growth_factor``,
+        ``backoff_factor``, ``growth_interval``, ``enabled``): Accelerate's ``GradScalerKwargs``. Before training only."""
+        if self.scaler is None:
+            raise ValueError(
+                f"loss-scaler settings {kwargs!r} need mixed_precision='fp16' with a GradScaler, but {type(self).__name__} with "
+                f"mode {self.mode!r} has none; use mixed_precision='fp16', or drop the settings"
+            )
+        self.scaler = type(self.scaler)(self.device.type, **kwargs)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.scaler is not None:
@@ -271,8 +305,11 @@ class FSDPPrecision(Precision):
     def forward_context(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext() if self.parameter_dtype is None else super().forward_context()
 
-    def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
+    def autocast(self, enabled: bool | None = None, cache_enabled: bool | None = None) -> AbstractContextManager[Any]:
         return contextlib.nullcontext() if self.parameter_dtype is None else super().autocast(enabled)
+
+    def uses_autocast(self) -> bool:
+        return False  # the casts are FSDP's MixedPrecisionPolicy
 
 
 class DeepSpeedPrecision(Precision):
@@ -319,8 +356,11 @@ class DeepSpeedPrecision(Precision):
     def forward_context(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def autocast(self, enabled: bool = True) -> AbstractContextManager[Any]:
+    def autocast(self, enabled: bool | None = None, cache_enabled: bool | None = None) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
+
+    def uses_autocast(self) -> bool:
+        return False  # the engine computes in its dtype
 
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:

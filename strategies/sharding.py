@@ -306,6 +306,7 @@ def shard_stream(
     even_batches: bool = True,
     drop_last: bool = False,
     start_step: int = 0,
+    dispatch: bool = False,
 ) -> Iterator[T]:
     """The items of an iterable data set that one process keeps: its slice of every step.
 
@@ -313,6 +314,12 @@ def shard_stream(
     ``2, 3, 6, 7``; with ``split_batches=True`` and ``batch_size=4`` the same. An incomplete last step is
     completed from the first items (``even_batches``), left short (``even_batches=False``) or dropped
     (``drop_last``). Steps before ``start_step`` are read but nothing of them is kept.
+
+    ``dispatch`` completes an incomplete last step the way Accelerate's ``DataLoaderDispatcher`` does (its
+    default for iterable data sets): the step's ``t`` items, followed by the first ``num_processes`` items of
+    the first step when ``t`` does not divide, are split into equal parts, one per process. Two processes,
+    items ``0..6``, ``batch_size=3``: process 0 keeps ``0, 1, 2, 6`` and process 1 keeps ``3, 4, 5, 0``
+    (last batches of one item each, where the default completion gives ``[6, 0, 1]`` and ``[2, 3, 4]``).
     """
     check_processes(num_processes, process_index)
     per, total = batch_sizes(batch_size, num_processes, split_batches)
@@ -329,7 +336,12 @@ def shard_stream(
             step = []
             k += 1
     if step and not drop_last and k >= start_step:
-        if even_batches and num_processes > 1:
+        if even_batches and num_processes > 1 and dispatch:
+            share = -(-len(step) // num_processes)
+            if len(step) % num_processes:
+                step = step + (first or step)[:num_processes]
+            lo, hi = process_index * share, (process_index + 1) * share
+        elif even_batches and num_processes > 1:
             step = _complete(step, first or step, 0, total)
         yield from step[lo:hi]
 
@@ -430,6 +442,8 @@ class BatchSamplerShard(Sampler[list[int]]):
                 "has none. Use split_batches=False for variable-size batch samplers"
             )
         self.first_batch = 0  # where every pass starts until set back to 0 (no data of skipped batches is read)
+        # this pass's order, drawn before (a resumed pass): the indices (arithmetic) or the batches, until set back to None
+        self.order: Sequence[Any] | None = None
         self._stream_real = -1
 
     @property
@@ -454,17 +468,22 @@ class BatchSamplerShard(Sampler[list[int]]):
         )
 
     def __iter__(self) -> Iterator[list[int]]:
-        start = self.first_batch
+        # `first_batch` and `order` are read now; the sampler draws at the first batch, as a plain DataLoader's does
+        # (after the loader drew its base seed)
+        return self._pass(self.first_batch, self.order)
+
+    def _pass(self, start: int, order: Sequence[Any] | None) -> Iterator[list[int]]:
         if self.arithmetic:
-            seq = flat_indices(self.batch_sampler.sampler)
+            seq = flat_indices(self.batch_sampler.sampler) if order is None else order
             total = cast(int, self.total_batch_size)
-            return (take_span(seq, begin, end, total) for begin, end in self.spans(len(seq), start))
+            yield from (take_span(seq, begin, end, total) for begin, end in self.spans(len(seq), start))
+            return
         stream = shard_batches(
-            self.batch_sampler, num_processes=self.num_processes, process_index=self.process_index,
+            self.batch_sampler if order is None else order, num_processes=self.num_processes, process_index=self.process_index,
             batch_size=self.batch_size, split_batches=self.split_batches, even_batches=self.even_batches,
             drop_last=self.drop_last, on_end=self._set_stream_real,
         )
-        return itertools.islice(stream, start, None)
+        yield from itertools.islice(stream, start, None)
 
     def _set_stream_real(self, real: int) -> None:
         self._stream_real = real
@@ -496,6 +515,9 @@ class IterableDatasetShard(IterableDataset):
         process_index: this process's rank.
         split_batches: ``batch_size`` is the global batch, split across processes.
         even_batches: complete an incomplete last step with the first items.
+        dispatch: complete it as Accelerate's ``DataLoaderDispatcher`` does (see `shard_stream`).
+        seed_generator: like Accelerate's ``IterableDatasetShard``, reseed the data set's ``generator`` with the
+            epoch at every pass when the data set has no ``set_epoch``.
     """
 
     def __init__(
@@ -507,6 +529,9 @@ class IterableDatasetShard(IterableDataset):
         process_index: int = 0,
         split_batches: bool = False,
         even_batches: bool = True,
+        *,
+        dispatch: bool = False,
+        seed_generator: bool = False,
     ) -> None:
         check_processes(num_processes, process_index)
         self.per_process_batch_size, self.total_batch_size = batch_sizes(batch_size, num_processes, split_batches)
@@ -517,6 +542,8 @@ class IterableDatasetShard(IterableDataset):
         self.process_index = process_index
         self.split_batches = split_batches
         self.even_batches = even_batches
+        self.dispatch = dispatch
+        self.seed_generator = seed_generator
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -526,15 +553,21 @@ class IterableDatasetShard(IterableDataset):
             self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        generator = getattr(self.dataset, "generator", None)
+        if self.seed_generator and isinstance(generator, torch.Generator) and not hasattr(self.dataset, "set_epoch"):
+            generator.manual_seed(self.epoch)
         return shard_stream(
             self.dataset, self.batch_size, self.num_processes, self.process_index,
-            split_batches=self.split_batches, even_batches=self.even_batches, drop_last=self.drop_last,
+            split_batches=self.split_batches, even_batches=self.even_batches, drop_last=self.drop_last, dispatch=self.dispatch,
         )
 
     def __len__(self) -> int:
         length = len(self.dataset)  # type: ignore[arg-type]
         per, total = self.per_process_batch_size, self.total_batch_size
         steps = num_steps(length, total, self.drop_last)
+        if steps and self.dispatch and not self.drop_last and self.even_batches and self.num_processes > 1:
+            tail = length - (steps - 1) * total  # its items, plus the first ones when they do not divide, split evenly
+            return (steps - 1) * per + -(-tail // self.num_processes)
         if steps == 0 or self.drop_last or (self.even_batches and self.num_processes > 1):
             return steps * per
         tail = length - (steps - 1) * total - self.process_index * per

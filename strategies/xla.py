@@ -27,7 +27,10 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies import checkpoint_io
+from strategies import checkpoint_store as store
 from strategies.base import Strategy, materialize_if_empty
+from strategies.checkpoint_staging import Staging
+from strategies.checkpoint_store import Write
 from strategies.collectives import apply_to_tensors
 from strategies.environment import ClusterEnvironment
 from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
@@ -155,16 +158,22 @@ class XLAStrategy(Strategy):
         """The weights on the CPU (XLA tensors are device handles; moving them also waits for pending steps)."""
         return {k: v.cpu() for k, v in super().module_state_dict(module).items()}
 
-    def save_checkpoint(self, writer: checkpoint_io.CheckpointWriter, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-        """As the base class, with every tensor moved to the CPU first (what ``xm.save`` does); rank 0 writes."""
+    def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
+        """As the base class, with every tensor moved to the CPU first (what ``xm.save`` does; that move is the copy an
+        asynchronous save needs, so `staging` is not used); rank 0 writes."""
         self._xm.mark_step()
         states = [self.module_state_dict(m) for m in models]
         if self.rank != 0:
-            return
-        for i, state in enumerate(states):
-            writer.save_safetensors(checkpoint_io.indexed("model", i, "safetensors"), state)
-        for i, opt in enumerate(optimizers):
-            writer.save_torch(checkpoint_io.indexed("optimizer", i, "bin"), apply_to_tensors(lambda t: t.cpu(), opt.state_dict()))
+            return lambda writer: None
+        optimizer_states = [apply_to_tensors(lambda t: t.cpu(), opt.state_dict()) for opt in optimizers]
+
+        def write(writer: checkpoint_io.CheckpointWriter) -> None:
+            for i, state in enumerate(states):
+                writer.save_safetensors(store.model_file(i), state)
+            for i, state in enumerate(optimizer_states):
+                writer.save_torch(store.optimizer_file(i), state)
+
+        return write
 
     def teardown(self) -> None:
         self._optimizers.clear()

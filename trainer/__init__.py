@@ -40,17 +40,32 @@ _EXPORTS = {
     "Callback": "callbacks.base",
 }
 
+# Lightning's subpackages under the rename (``import trainer as pl; pl.strategies.DDPStrategy``): see
+# trainer/lightning_api.py. ``callbacks`` and ``loggers`` are the top-level packages the rename table names.
+_SUBMODULES = {
+    "strategies": "trainer.strategies",
+    "plugins": "trainer.plugins",
+    "utilities": "trainer.utilities",
+    "accelerators": "trainer.accelerators",
+    "core": "trainer.core",
+    "trainer": "trainer.trainer",
+    "callbacks": "callbacks",
+    "loggers": "callbacks.trackers",
+}
+
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return [*__all__, *_SUBMODULES]

@@ -171,7 +171,7 @@ def test_dcp_shards_are_hashed_as_written_and_checked_as_read(tmp_path: Path, mo
     opt.step()
     writer = CheckpointWriter(tmp_path / "ckpt")
     writer.clear_staging()
-    checkpoint_io.save_sharded(writer, [model], [opt])
+    writer.save_dcp("sharded", checkpoint_io.sharded_state([model], [opt]))
     path = writer.commit({})
     manifest = json.loads((path / "manifest.json").read_text())
     shards = {name for name in manifest["files"] if name.startswith("sharded/")}

@@ -13,6 +13,10 @@ From the bottom up::
                           trainer.fit or callbacks, except callbacks.trackers (Accelerate's GeneralTracker API, which
                           ``Accelerator(log_with=...)`` needs), and nothing it imports may import trainer.fit in turn
     trainer.fit           the Trainer face, on top: it may import anything
+    Lightning's paths     trainer.strategies, trainer.plugins, trainer.utilities, trainer.accelerators, trainer.core,
+                          trainer.trainer (`LIGHTNING_PATHS`, see trainer/lightning_api.py): thin re-exports for user
+                          scripts, beside trainer.fit on top; no module of the project imports them (the front door
+                          names them lazily, as strings), so ``trainer.strategies`` never stands in for ``strategies``
 
 Function-level imports count as imports (they run when the function does); imports under ``if TYPE_CHECKING:`` do
 not. Every function-level import of the project's own modules says why it is not at the top of its module, in a
@@ -34,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("strategies", "callbacks", "trainer")
+LIGHTNING_PATHS = ("trainer.strategies", "trainer.plugins", "trainer.utilities", "trainer.accelerators", "trainer.core",
+                   "trainer.trainer", "trainer.lightning_api")
 REASON = re.compile(r"#\s*lazy:\s*\S")
 
 # Temporary exceptions, each (importing module, imported module) -> why; remove the entry with the import (a test fails
@@ -135,8 +141,12 @@ def _under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _lightning_path(module: str) -> bool:
+    return any(_under(module, path) for path in LIGHTNING_PATHS)
+
+
 def _accelerator_face() -> list[str]:
-    return [m for m in _files() if _under(m, "trainer") and not _under(m, "trainer.fit")]
+    return [m for m in _files() if _under(m, "trainer") and not _under(m, "trainer.fit") and not _lightning_path(m)]
 
 
 def _allowed(imp: Import) -> bool:
@@ -187,6 +197,14 @@ def test_nothing_the_accelerator_face_imports_reaches_the_trainer_face() -> None
                     todo.append(module)
     offenders = [imp for module, imp in reached_from.items() if imp is not None and _under(module, "trainer.fit")]
     assert not offenders, _report("the Accelerator face loads trainer.fit through", offenders)
+
+
+def test_nothing_imports_lightnings_paths() -> None:
+    """Lightning's paths are for user scripts; inside the project `strategies` is the package, `trainer.strategies` its
+    re-export (a module that imported the re-export would read as if it imported the package)."""
+    offenders = [imp for imp in _runtime_imports([m for m in _files() if not _lightning_path(m)]) if _lightning_path(imp.target)]
+    assert not offenders, _report("import from where the code lives (strategies, trainer.fit, ...), not from Lightning's "
+                                  "paths (trainer.strategies, trainer.utilities, ...)", offenders)
 
 
 def test_function_level_imports_of_our_modules_give_a_reason() -> None:

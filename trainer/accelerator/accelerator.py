@@ -34,8 +34,9 @@ from torch import nn
 from strategies import Strategy
 from strategies.abilities import Engine
 from strategies.checkpoint_io import save_model_weights, save_safetensors, torch_save
+from strategies.checkpoint_store import CheckpointStore
 from strategies.collectives import apply_to_tensors
-from strategies.compile import apply_compile, recompile_with, unwrap_compiled
+from strategies.compile import apply_compile, plain_view, recompile_with, unwrap_compiled
 from strategies.environment import env_flag, env_setting
 from strategies.precision import normalize_precision
 from trainer.accelerator import state as accelerator_state
@@ -48,6 +49,8 @@ from trainer.accelerator.config import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from trainer.accelerator.dummies import DummyOptim, DummyScheduler, EngineScheduler, auto_values, check_placeholders
+from trainer.accelerator.kwargs import AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
 from trainer.accelerator.layout import AcceleratorState, ProcessLayout, share_strategy
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
 from trainer.accelerator.stepper import Stepper, check_loss
@@ -109,14 +112,16 @@ class Accelerator(ProcessLayout):
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
+        handlers = KwargsHandlers.sort(kwargs_handlers)  # Accelerate's kwargs_handlers, one per kind: each honoured below, or refused
+        _refuse_fp8(mixed_precision or env_setting("MIXED_PRECISION", "no"), handlers, bool(env_flag("CPU")) if cpu is None else bool(cpu))
         if isinstance(strategy, Strategy) and mixed_precision is not None and normalize_precision(mixed_precision) != strategy.precision.mode:
             raise ValueError(
                 f"mixed_precision={mixed_precision!r} but the {type(strategy).__name__} passed was built with precision="
                 f"{strategy.precision.mode!r}, which it keeps; pass precision={normalize_precision(mixed_precision)!r} to the "
                 "strategy, or leave mixed_precision out"
             )
-        mixed_precision = normalize_precision(mixed_precision or env_setting("MIXED_PRECISION", "no"))
         cpu = bool(env_flag("CPU")) if cpu is None else bool(cpu)
+        mixed_precision = normalize_precision(mixed_precision or env_setting("MIXED_PRECISION", "no"))
         self.gradient_plugin = accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
@@ -127,8 +132,22 @@ class Accelerator(ProcessLayout):
         self.project_configuration = project_config or ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
-        strategy = build_strategy(strategy, precision=mixed_precision, cpu=cpu, timeout=process_group_timeout,
-                                  kwargs_handlers=kwargs_handlers, deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin)
+        strategy = build_strategy(strategy, precision=mixed_precision, cpu=cpu, timeout=handlers.timeout(process_group_timeout),
+                                  handlers=handlers, deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin)
+        _configure_precision(strategy.precision, handlers)
+        # Accelerate's public handler attributes (ddp_handler, scaler_handler, init_handler, autocast_handler, profile_handler,
+        # fp8_recipe_handler, ao_recipe_handler, te_recipe_handler, msamp_recipe_handler): each what was passed, else None
+        self.ddp_handler = handlers.ddp_handler
+        self.scaler_handler = handlers.scaler_handler
+        self.init_handler = handlers.init_handler
+        self.autocast_handler = handlers.autocast_handler
+        self.profile_handler = handlers.profile_handler
+        self.fp8_recipe_handler = handlers.fp8_recipe_handler
+        self.ao_recipe_handler = handlers.ao_recipe_handler
+        self.te_recipe_handler = handlers.te_recipe_handler
+        self.msamp_recipe_handler = handlers.msamp_recipe_handler
+        self.has_fp8_handler = bool(handlers.fp8_recipes())
+        self.fp8_enabled = False  # FP8 is refused above
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both (the plugin carries a backend)")
         if dynamo_plugin is None and dynamo_backend is None and env_setting("DYNAMO_PLUGIN"):
@@ -140,6 +159,7 @@ class Accelerator(ProcessLayout):
         self._state = AcceleratorState._of(self.strategy)
         self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
         self.stepper = Stepper(self.strategy, self.gradient_plugin)  # the step: boundaries, backward, clip, optimizer step
+        self.checkpoints = CheckpointStore(self.strategy)  # every save of this run, the one in flight, the layout on disk
         self.device_placement = device_placement
         self.rng_types = rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -165,6 +185,11 @@ class Accelerator(ProcessLayout):
     @property
     def mixed_precision(self) -> str:
         return self.strategy.precision.mode
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The DeepSpeed settings of this run (None without DeepSpeed); see `AcceleratorState.deepspeed_plugin`."""
+        return self._state.deepspeed_plugin
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -240,8 +265,9 @@ class Accelerator(ProcessLayout):
         if device_placement is not None and len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries but prepare got {len(args)} objects; give one per object")
         placements = device_placement or [self.device_placement] * len(args)
+        _check_placeholders(self.strategy, args)
         for obj in args:
-            if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader)) and not _is_scheduler(obj):
+            if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader, DummyOptim, DummyScheduler)) and not _is_scheduler(obj):
                 # Accelerate returns what it does not know unchanged, silently; data that is not a DataLoader is the costly case
                 data = isinstance(obj, torch.utils.data.Dataset) or (hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, Mapping)))
                 fix = (
@@ -266,6 +292,8 @@ class Accelerator(ProcessLayout):
             if isinstance(obj, torch.optim.Optimizer) and i not in done:
                 out[i] = self.prepare_optimizer(obj)
         for i, obj in enumerate(args):
+            if i in done:
+                continue
             if _is_scheduler(obj):
                 out[i] = self.prepare_scheduler(obj)
             elif isinstance(obj, torch.utils.data.DataLoader):
@@ -292,9 +320,20 @@ class Accelerator(ProcessLayout):
             batch_size = int(loaders[0].batch_size or 1) // (self.num_processes if self.split_batches else 1) or 1
         i = models[0]
         model, compiled = unwrap_compiled(args[i])
-        wrapped, prepared = self.strategy.setup_module_and_optimizers(
-            model, [args[j] for j in optimizers], move=placements[i] is not False, batch_size=batch_size
+        # DummyOptim / DummyScheduler: the engine builds the optimizer and schedule its config describes
+        dummy = next((j for j, obj in enumerate(args) if isinstance(obj, DummyOptim)), None)
+        schedule = next((j for j, obj in enumerate(args) if isinstance(obj, DummyScheduler)), None)
+        engine = self.strategy
+        assert isinstance(engine, Engine)
+        engine.fill_auto(auto_values(None if dummy is None else args[dummy], None if schedule is None else args[schedule],
+                                            self.num_processes, self.split_batches))
+        wrapped, prepared = engine.setup_module_and_optimizers(
+            model, [args[j] for j in optimizers], move=placements[i] is not False, batch_size=batch_size,
+            model_parameters=None if dummy is None else args[dummy].params,
+            lr_scheduler=None if schedule is None else args[schedule].lr_scheduler_callable,
         )
+        if dummy is not None:
+            optimizers = [dummy]
         self.strategy.precision.convert_module(self.strategy.unwrap_module(wrapped))
         self._compile(wrapped, compiled)
         self._models.append(wrapped)
@@ -302,6 +341,9 @@ class Accelerator(ProcessLayout):
         for j, optimizer in zip(optimizers, prepared):
             out[j] = PreparedOptimizer(optimizer, self, original=args[j])
             self._optimizers.append(out[j])
+        if schedule is not None:
+            out[schedule] = self.prepare_scheduler(EngineScheduler(wrapped.lr_scheduler))
+            return {i, *optimizers, schedule}
         return {i, *optimizers}
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
@@ -442,9 +484,37 @@ class Accelerator(ProcessLayout):
             for shard, value in saved:
                 shard.even_batches = value
 
-    def autocast(self, autocast_handler: Any = None) -> AbstractContextManager[Any]:
-        """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``)."""
-        return self.strategy.precision.autocast()
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
+        """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``).
+
+        `autocast_handler` (an `AutocastKwargs`) replaces the Accelerator's for this block, e.g.
+        ``AutocastKwargs(enabled=False)`` for a float32 region inside a mixed-precision step.
+        """
+        handler = self.autocast_handler if autocast_handler is None else autocast_handler
+        if handler is None:
+            return self.strategy.precision.autocast()
+        if not isinstance(handler, AutocastKwargs):
+            raise TypeError(f"autocast_handler={handler!r} must be an AutocastKwargs, e.g. AutocastKwargs(enabled=False)")
+        return self.strategy.precision.autocast(**handler.settings())
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with ``torch.profiler`` (Accelerate's): yields the profiler (call ``prof.step()`` once per
+        step when a schedule is set). `profile_handler` replaces the Accelerator's `ProfileKwargs`.
+
+        With ``output_trace_dir`` every process writes its Chrome trace there after the block, as
+        ``profile_<process_index>.json``, and the processes wait for each other.
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        if not isinstance(handler, ProfileKwargs):
+            raise TypeError(f"profile_handler={handler!r} must be a ProfileKwargs")
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
+        self.wait_for_everyone()
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide the gradients by the fp16 loss scale (once per step); nothing to do without a scaler."""
@@ -532,12 +602,33 @@ class Accelerator(ProcessLayout):
         return self.strategy.broadcast_object(obj, from_process)
 
     # models and checkpoints ---------------------------------------------------------------------------
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
+        """The model without the strategy's wrapper (DDP, DeepSpeed's engine).
+
+        Models are compiled in place here (their ``forward``), so the unwrapped model runs compiled; with
+        ``keep_torch_compile=False`` you get a view of it that runs eagerly (the same parameters and buffers; the
+        prepared model stays compiled). Parameter names are plain either way. ``keep_fp32_wrapper=False`` gives a
+        view without the mixed-precision forward (autocast, float32 outputs), which also runs eagerly; Accelerate
+        instead removes that forward from the prepared model itself.
+        """
         if not isinstance(model, nn.Module):
             raise TypeError(f"unwrap_model() takes a model (torch.nn.Module), got {type(model).__name__}")
-        return self.strategy.unwrap_module(model)
+        model = self.strategy.unwrap_module(model)
+        if keep_torch_compile and keep_fp32_wrapper:
+            return model
+        view = plain_view(model)  # eager, and without the precision's forward
+        if keep_fp32_wrapper and view is not model:
+            self.strategy.precision.convert_module(view)  # the mixed-precision forward back, as prepare() put it
+        return view
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (the same on every process; a collective for sharded strategies).
+
+        ``unwrap=False`` (single device and DDP; Accelerate's) keeps the wrapper's key names (``module.``); the
+        sharded strategies always give the full unwrapped weights, as in Accelerate.
+        """
+        if not unwrap and not self.strategy.sharded and self.strategy.name in ("single", "ddp"):
+            return model.state_dict()
         return self.strategy.module_state_dict(model)
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
@@ -561,10 +652,26 @@ class Accelerator(ProcessLayout):
             raise TypeError(f"objects {bad!r} have no state_dict()/load_state_dict(); only such objects can be registered for checkpointing")
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None) -> str:
-        """Save everything needed to resume exactly; see `trainer.accelerator.state.save_state`."""
+    def save_state(
+        self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None,
+        async_save: bool = False,
+    ) -> Any:
+        """Save everything needed to resume exactly; see `trainer.accelerator.state.save_state`. Returns the directory.
+
+        ``async_save=True`` returns as soon as the state is copied out of the training tensors, with a handle
+        (``done()``, ``result()`` → the directory) while the files are written in the background; the checkpoint is
+        committed (manifest written, directory renamed into place) only once every process's write finished. At most
+        one save is in flight: the next save, `load_state` and `end_training` wait for it, and an error of the
+        background write is raised there, naming the checkpoint.
+        """
         _check_path(output_dir, "output_dir")
-        return accelerator_state.save_state(self, output_dir, extra_state=extra_state)
+        if safe_serialization is not True:
+            warnings.warn(
+                f"save_state(safe_serialization={safe_serialization!r}) changes nothing here: checkpoints always hold "
+                "weights as safetensors and other states as tensor-only files, loaded without unpickling objects",
+                stacklevel=2,
+            )
+        return accelerator_state.save_state(self, output_dir, extra_state=extra_state, async_save=async_save)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, strict: bool = True, verify: bool = True, **kwargs: Any) -> dict[str, Any]:
         """Restore what `save_state` wrote; returns its ``extra_state``. No path: the newest automatic checkpoint.
@@ -622,17 +729,61 @@ class Accelerator(ProcessLayout):
         return self._tracker_hub().get(name, unwrap=unwrap)
 
     def end_training(self) -> None:
-        """Finish the trackers and wait for every process."""
+        """Wait for a checkpoint being saved in the background, finish the trackers and wait for every process."""
+        self.checkpoints.wait()
         if self._trackers is not None:
             self._trackers.finish()
         self.wait_for_everyone()
 
     def teardown(self) -> None:
-        """Destroy the process group this accelerator created."""
-        self.strategy.teardown()
+        """Destroy the process group this accelerator created (after a save in flight finished)."""
+        try:
+            self.checkpoints.close()
+        finally:
+            self.strategy.teardown()
 
     def __repr__(self) -> str:
         return f"Accelerator(strategy={self.strategy!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
+
+
+def _check_placeholders(strategy: Strategy, args: tuple[Any, ...]) -> None:
+    """`DummyOptim`/`DummyScheduler` go with an engine whose config describes them (Accelerate's rules)."""
+    optimizer = next((o for o in args if isinstance(o, (torch.optim.Optimizer, DummyOptim))), None)
+    scheduler = next((o for o in args if _is_scheduler(o) or isinstance(o, DummyScheduler)), None)
+    config = strategy.config if isinstance(strategy, Engine) else None
+    if config is not None or isinstance(optimizer, DummyOptim) or isinstance(scheduler, DummyScheduler):
+        check_placeholders(config, optimizer, scheduler, strategy.name)
+
+
+def _refuse_fp8(requested: Any, handlers: KwargsHandlers, cpu: bool) -> None:
+    """``mixed_precision="fp8"`` or an FP8 recipe handler: refused, naming the GPU requirement (`check_fp8`)."""
+    recipes = handlers.fp8_recipes()
+    if str(requested).strip().lower() != "fp8" and not recipes:
+        return
+    what = "mixed_precision='fp8'" if not recipes else f"kwargs_handlers=[{type(recipes[0]).__name__}(...)] (an FP8 recipe)"
+    cuda = not cpu and torch.cuda.is_available()
+    check_fp8("cuda" if cuda else "cpu", torch.cuda.get_device_capability() if cuda else None, what)
+
+
+def _configure_precision(precision: Any, handlers: KwargsHandlers) -> None:
+    """Apply `GradScalerKwargs` and `AutocastKwargs` to the strategy's precision; settings it cannot take are refused
+    (`Precision.configure_scaler`/`configure_autocast` say why), except under full precision, where Accelerate ignores
+    them too: a warning says they change nothing."""
+    for handler, configure in ((handlers.scaler_handler, precision.configure_scaler),
+                               (handlers.autocast_handler, precision.configure_autocast)):
+        if handler is None:
+            continue
+        settings = handler.to_kwargs()
+        if precision.mode == "no":
+            if settings:
+                warnings.warn(f"{type(handler).__name__}{settings} changes nothing with mixed_precision='no' (no autocast, no loss "
+                              "scaling); set mixed_precision='fp16' or 'bf16' for it to apply", stacklevel=3)
+            continue
+        if isinstance(handler, AutocastKwargs):
+            if settings or precision.uses_autocast():
+                configure(**handler.settings())
+        elif settings or precision.scaler is not None:
+            configure(**settings)
 
 
 def _check_path(value: Any, name: str) -> None:

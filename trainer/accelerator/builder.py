@@ -2,12 +2,13 @@
 
 A strategy comes from an instance, a name (``"auto"`` resolved by `strategies.resolve_auto`), a `DeepSpeedPlugin`
 or a `FullyShardedDataParallelPlugin` (also from `trainer launch`'s accelerate config, through the environment),
-with `DDPKwargs` applied when it runs DDP.
+with `DDPKwargs` applied when it runs DDP and `InitProcessGroupKwargs`' backend given to every process-group strategy.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 from strategies import REGISTRY, Strategy, resolve_auto, resolve_strategy
@@ -15,31 +16,48 @@ from strategies.deepspeed import DeepSpeedStrategy
 from strategies.environment import detect_environment, env_setting
 from strategies.fsdp import FSDPStrategy
 from strategies.xla import xla_device_present
-from trainer.accelerator.config import DDPKwargs, DeepSpeedPlugin, FullyShardedDataParallelPlugin, GradientAccumulationPlugin
+from trainer.accelerator.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin, GradientAccumulationPlugin
+from trainer.accelerator.kwargs import DDPKwargs, KwargsHandlers
 
 
 def build_strategy(
-    strategy: str | Strategy | None, *, precision: str, cpu: bool, timeout: float | None, kwargs_handlers: list[Any] | None,
+    strategy: str | Strategy | None, *, precision: str, cpu: bool, timeout: float | None, handlers: KwargsHandlers | None = None,
     deepspeed_plugin: DeepSpeedPlugin | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
 ) -> Strategy:
-    """The strategy an Accelerator runs; a plugin and a strategy name that contradict each other are refused."""
+    """The strategy an Accelerator runs; a plugin and a strategy name that contradict each other are refused, and so are
+    kwargs handlers that cannot reach it (`InitProcessGroupKwargs`/`DDPKwargs` for a strategy instance, `DDPKwargs`
+    for a strategy that is not DDP)."""
+    handlers = handlers or KwargsHandlers()
+    ddp = handlers.ddp_handler
+    backend = handlers.backend()
+    if isinstance(strategy, Strategy):
+        given = [type(h).__name__ for h in (handlers.init_handler, ddp) if h is not None and h.to_kwargs() | getattr(h, "extra", {})]
+        if given or (ddp is not None and ddp.comm_hook_settings()):
+            raise ValueError(
+                f"kwargs_handlers {given or ['DistributedDataParallelKwargs']} cannot reach the {type(strategy).__name__} passed as "
+                "strategy (built already); pass their settings to the strategy's constructor (timeout=, backend=, DDP options), "
+                "or pass strategy by name"
+            )
+        return strategy
     named = _registry_name(strategy)
     if deepspeed_plugin is None and named == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):
         deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_PLUGIN"))))  # from `trainer launch`'s config
     if deepspeed_plugin is not None:
         if strategy is not None and named != "deepspeed":
             raise ValueError(f"deepspeed_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='deepspeed')")
-        strategy = DeepSpeedStrategy(cluster=detect_environment(), cpu=cpu, precision=precision, timeout=timeout,
+        strategy = DeepSpeedStrategy(cluster=detect_environment(), cpu=cpu, precision=precision, timeout=timeout, backend=backend,
                                      **deepspeed_plugin.strategy_kwargs())
     if fsdp_plugin is None and named == "fsdp" and env_setting("FSDP_PLUGIN"):
         fsdp_plugin = FullyShardedDataParallelPlugin(**json.loads(str(env_setting("FSDP_PLUGIN"))))  # `trainer launch`'s config
     if fsdp_plugin is not None:
         if deepspeed_plugin is not None or (strategy is not None and named != "fsdp"):
             raise ValueError(f"fsdp_plugin was passed with strategy={strategy!r}; pass one of them (the plugin means strategy='fsdp')")
-        strategy = FSDPStrategy(cluster=detect_environment(), cpu=cpu, precision=precision, timeout=timeout,
+        strategy = FSDPStrategy(cluster=detect_environment(), cpu=cpu, precision=precision, timeout=timeout, backend=backend,
                                 **fsdp_plugin.strategy_kwargs())
-    ddp = next((h for h in kwargs_handlers or [] if isinstance(h, DDPKwargs)), None)
-    return strategy_from_name(strategy, cpu=cpu, precision=precision, timeout=timeout, ddp=ddp)
+    if isinstance(strategy, Strategy):
+        _refuse_ddp_settings(ddp, strategy.name)
+        return strategy
+    return strategy_from_name(strategy, cpu=cpu, precision=precision, timeout=timeout, ddp=ddp, backend=backend)
 
 
 def accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
@@ -59,18 +77,46 @@ def accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin | 
     return GradientAccumulationPlugin(num_steps=steps)
 
 
-def strategy_from_name(strategy: str | Strategy | None, *, cpu: bool, precision: str, timeout: float | None, ddp: DDPKwargs | None) -> Strategy:
-    """A strategy by name (``TRAINWRIGHT_STRATEGY`` without one), DDP's settings from `DDPKwargs` when it runs DDP."""
+def strategy_from_name(
+    strategy: str | Strategy | None, *, cpu: bool, precision: str, timeout: float | None, ddp: DDPKwargs | None, backend: str | None = None,
+) -> Strategy:
+    """A strategy by name (``TRAINWRIGHT_STRATEGY`` without one), DDP's settings from `DDPKwargs` when it runs DDP
+    (every field, and the communication hook); `backend` for the strategies that create a process group."""
     if isinstance(strategy, Strategy):
         return strategy
     name = strategy or env_setting("STRATEGY", "auto")
     cluster = detect_environment()
     kwargs: dict[str, Any] = {"cluster": cluster, "cpu": cpu, "precision": precision, "timeout": timeout}
     resolved = resolve_auto(_registry_name(name) or str(name), distributed=cluster.is_distributed, xla=not cpu and xla_device_present())
-    if ddp is not None and resolved == "ddp":
-        kwargs.update(find_unused_parameters=ddp.find_unused_parameters, static_graph=ddp.static_graph,
-                      bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
+    if backend is not None:
+        if resolved not in ("ddp", "fsdp", "deepspeed"):
+            raise ValueError(f"InitProcessGroupKwargs(backend={backend!r}) needs a multi-process strategy, but this run uses {resolved!r}; "
+                             "drop backend, or launch several processes")
+        kwargs["backend"] = backend
+    if resolved == "ddp" and ddp is not None:
+        options = ddp.ddp_kwargs()
+        kwargs.update(find_unused_parameters=options.pop("find_unused_parameters"), static_graph=options.pop("static_graph"),
+                      bucket_cap_mb=options.pop("bucket_cap_mb"), gradient_as_bucket_view=options.pop("gradient_as_bucket_view"),
+                      ddp_options=options, **{f"comm_{k}": v for k, v in ddp.comm_hook_settings().items()})
+    elif ddp is not None:
+        _refuse_ddp_settings(ddp, resolved)
     return resolve_strategy(name, **kwargs)
+
+
+def _refuse_ddp_settings(ddp: DDPKwargs | None, strategy: str) -> None:
+    """`DDPKwargs` for a run without DDP: with one process they have nothing to act on (a warning, as they are set);
+    with a sharded strategy they would be dropped, which is an error."""
+    if ddp is None or ddp.is_default():
+        return
+    if strategy in ("single", "xla"):
+        warnings.warn(f"DistributedDataParallelKwargs {ddp.to_kwargs() | ddp.comm_hook_settings()} have no effect: this run "
+                      f"(strategy={strategy!r}) has no DistributedDataParallel model; they apply when it runs on several processes",
+                      stacklevel=4)
+        return
+    raise ValueError(
+        f"DistributedDataParallelKwargs {ddp.to_kwargs() | ddp.comm_hook_settings()} configure DistributedDataParallel, but this run "
+        f"uses strategy={strategy!r}, which does not wrap the model in it; drop the handler, or use strategy='ddp'"
+    )
 
 
 def _registry_name(strategy: Any) -> str | None:

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.accelerator.kwargs import DistributedDataParallelKwargs
+
 
 class DistributedType(str, enum.Enum):
     """What kind of distributed run this is."""
@@ -92,18 +94,8 @@ class GradientAccumulationPlugin:
             raise ValueError(f"gradient accumulation num_steps={self.num_steps!r} must be an int >= 1")
 
 
-@dataclass
-class DDPKwargs:
-    """Extra arguments for `DistributedDataParallel` (Accelerate's ``DistributedDataParallelKwargs``)."""
-
-    find_unused_parameters: bool = False
-    static_graph: bool = False
-    bucket_cap_mb: float | None = None
-    gradient_as_bucket_view: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-DistributedDataParallelKwargs = DDPKwargs
+# DDPKwargs (Accelerate's DistributedDataParallelKwargs) lives with the other kwargs handlers; named here too
+DDPKwargs = DistributedDataParallelKwargs
 
 
 @dataclass
@@ -128,6 +120,20 @@ class DeepSpeedPlugin:
     zero3_init_flag: bool | None = None
     zero3_save_16bit_model: bool | None = None
     transformer_moe_cls_names: str | None = None
+    _config: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The DeepSpeed config dict: the running strategy's (`bind`) once an Accelerator runs it, else `hf_ds_config` loaded."""
+        if self._config is None:
+            from strategies.deepspeed import load_config  # lazy: the config records import no torch (strategies does)
+
+            self._config = load_config(self.hf_ds_config)
+        return self._config
+
+    def bind(self, config: dict[str, Any]) -> None:
+        """Make `deepspeed_config` this dict (the running strategy's config, which `prepare` reads)."""
+        self._config = config
 
     def __post_init__(self) -> None:
         if self.transformer_moe_cls_names:

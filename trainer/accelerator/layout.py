@@ -24,7 +24,7 @@ import torch
 from strategies import REGISTRY, Strategy
 from strategies.sharding import split_for_process
 from trainer.accelerator.builder import strategy_from_name
-from trainer.accelerator.config import DistributedType
+from trainer.accelerator.config import DeepSpeedPlugin, DistributedType
 
 _shared: list[Strategy] = []  # the process's layout
 
@@ -211,6 +211,18 @@ class AcceleratorState(PartialState):
     @property
     def mixed_precision(self) -> str:
         return self.strategy.precision.mode
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The DeepSpeed settings of this run, None without DeepSpeed (Accelerate's): ``deepspeed_plugin.deepspeed_config``
+        is the running strategy's config itself, so a script can test ``"optimizer" in ...deepspeed_config`` (to pass
+        `DummyOptim`) or set an ``"auto"`` entry before `prepare`."""
+        config = getattr(self.strategy, "config", None) if self.strategy.name == "deepspeed" else None
+        if not isinstance(config, dict):
+            return None
+        plugin = DeepSpeedPlugin(zero_stage=getattr(self.strategy, "zero_stage", None))
+        plugin.bind(config)
+        return plugin
 
 
 def _index(value: Any, name: str) -> int:

@@ -12,34 +12,24 @@ checkpoint untouched, and an incomplete one is never loaded.
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies import checkpoint_io as io
+from strategies import checkpoint_store as store
+from strategies.checkpoint_staging import Staging
+from strategies.checkpoint_store import Write
 
 if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
-
-_NUMBERED = re.compile(r"^checkpoint_(\d+)$")
-
 
 def _automatic_dir(accelerator: Accelerator) -> Path:
     project_dir = accelerator.project_configuration.project_dir
     if project_dir is None:  # ProjectConfiguration refuses automatic naming without one, and load_state checks first
         raise ValueError("numbered checkpoints live under a project directory; pass ProjectConfiguration(project_dir=...)")
-    return Path(project_dir) / "checkpoints"
-
-
-def numbered_checkpoints(folder: Path) -> list[Path]:
-    """Complete ``checkpoint_<n>`` directories in `folder`, oldest first."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NUMBERED.match(p.name)) and io.is_complete(p)]
-    return [p for _, p in sorted(found)]
+    return store.default_dir(project_dir)
 
 
 def save_state(
@@ -49,18 +39,22 @@ def save_state(
     extra_state: dict[str, Any] | None = None,
     extra_json: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
-) -> str:
-    """Write a checkpoint directory and return its path (see the module docstring).
+    async_save: bool = False,
+) -> Any:
+    """Write a checkpoint directory and return its path (see the module docstring), or with `async_save` a
+    `strategies.checkpoint_store.PendingSave` as soon as the state is copied (the files are written in the background).
 
     `extra_json` adds JSON files (name -> data) and `meta` manifest entries; the `Trainer` passes its
     ``hparams.json`` and loop position this way, so both faces write one directory with one manifest.
     """
+    if not isinstance(async_save, bool):
+        raise TypeError(f"save_state(async_save={async_save!r}) must be True or False")
     config = accelerator.project_configuration
+    accelerator.checkpoints.wait()  # (the counter below may have moved on with the save in flight)
     if config.automatic_checkpoint_naming:
         if output_dir is not None:
             raise ValueError("automatic_checkpoint_naming=True chooses the directory itself; call save_state() without output_dir")
-        folder = _automatic_dir(accelerator)
-        final = folder / f"checkpoint_{config.iteration}"
+        final = store.numbered_dir(_automatic_dir(accelerator), config.iteration)
         if final.exists():
             raise FileExistsError(
                 f"checkpoint directory {str(final)!r} already exists; set ProjectConfiguration(iteration=...) past it "
@@ -71,33 +65,38 @@ def save_state(
     else:
         final = Path(output_dir)
     same_directory_everywhere(accelerator, final, "save_state")
-    strategy, rank = accelerator.strategy, accelerator.process_index
-    main = accelerator.is_main_process
-    writer = io.CheckpointWriter(final)
-    if main:
-        writer.clear_staging()
-    accelerator.wait_for_everyone()
-    writer.staging.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
-    strategy.save_checkpoint(writer, accelerator._models, [opt.optimizer for opt in accelerator._optimizers])
-    writer.save_rng_state(f"random_states_{rank}.safetensors")
-    if main:
-        _write_shared(accelerator, writer, extra_state)
-        for name, data in (extra_json or {}).items():
-            writer.save_json(name, data)
-    writer.sync()  # this process's files are on disk before the manifest lists them
-    entries = strategy.all_gather_object(writer.files) if accelerator.num_processes > 1 else [writer.files]
-    if main:
-        manifest = {"num_processes": accelerator.num_processes, "world_size": accelerator.num_processes, "sharded": strategy.sharded,
-                    "models": len(accelerator._models), "optimizers": len(accelerator._optimizers),
-                    "schedulers": len(accelerator._schedulers), "created": time.time(), **(meta or {})}
-        writer.commit(manifest, entries)
-        if config.automatic_checkpoint_naming and config.total_limit is not None:
-            for old in numbered_checkpoints(final.parent)[: -config.total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
+    strategy, rank, main = accelerator.strategy, accelerator.process_index, accelerator.is_main_process
+
+    def collect(staging: Staging | None) -> Write:
+        write_weights = strategy.collect_checkpoint(accelerator._models, [opt.optimizer for opt in accelerator._optimizers], staging)
+        rng_tensors, rng_meta = io.capture_rng_state()  # (fresh tensors: nothing to copy)
+        shared = _shared_states(accelerator, extra_state, extra_json) if main else {}
+        if staging is not None:
+            shared = staging.copy("shared", shared)
+
+        def write(writer: io.CheckpointWriter) -> None:
+            write_weights(writer)
+            writer.save_safetensors(store.rng_file(rank), rng_tensors, metadata=rng_meta)
+            for name, (kind, data) in shared.items():
+                writer.save_json(name, data) if kind == "json" else writer.save_torch(name, data)
+
+        return write
+
+    manifest = {"num_processes": accelerator.num_processes, "world_size": accelerator.num_processes, "sharded": strategy.sharded,
+                "models": len(accelerator._models), "optimizers": len(accelerator._optimizers),
+                "schedulers": len(accelerator._schedulers), "created": time.time(), **(meta or {})}
+    result = accelerator.checkpoints.save(final.absolute(), collect, manifest, async_save=async_save)
     if config.automatic_checkpoint_naming:
+        if main and config.total_limit is not None:
+            limit, folder = config.total_limit, final.absolute().parent
+
+            def prune() -> None:
+                for old in store.numbered_checkpoints(folder)[:-limit]:
+                    store.remove_checkpoint(old)
+
+            accelerator.checkpoints.after_commit(prune)
         config.iteration += 1
-    return str(final)
+    return result if async_save else str(final)
 
 
 def same_directory_everywhere(accelerator: Accelerator, path: Path, what: str) -> None:
@@ -120,17 +119,22 @@ def same_directory_everywhere(accelerator: Accelerator, path: Path, what: str) -
         )
 
 
-def _write_shared(accelerator: Accelerator, writer: io.CheckpointWriter, extra_state: dict[str, Any] | None) -> None:
+def _shared_states(accelerator: Accelerator, extra_state: dict[str, Any] | None, extra_json: dict[str, Any] | None) -> dict[str, tuple[str, Any]]:
+    """What the main process saves besides the weights: file name -> (``"torch"`` or ``"json"``, state)."""
+    shared: dict[str, tuple[str, Any]] = {}
     for i, sched in enumerate(accelerator._schedulers):
-        writer.save_torch(io.indexed("scheduler", i, "bin"), sched.state_dict())
+        shared[store.scheduler_file(i)] = ("torch", sched.state_dict())
     scaler = accelerator.strategy.precision.state_dict()
     if scaler:
-        writer.save_torch("scaler.bin", scaler)
+        shared[store.SCALER] = ("torch", scaler)
     for i, obj in enumerate(accelerator._custom_objects):
-        writer.save_torch(f"custom_checkpoint_{i}.bin", obj.state_dict())
+        shared[store.custom_file(i)] = ("torch", obj.state_dict())
     loaders = [loader.state_dict() for loader in accelerator._dataloaders if hasattr(loader, "state_dict")]
-    writer.save_json("dataloaders.json", {"dataloaders": loaders, "data_seed": accelerator._data_seed, "step": accelerator.step})
-    writer.save_json("extra_state.json", extra_state or {})
+    shared[store.DATALOADERS] = ("json", {"dataloaders": loaders, "data_seed": accelerator._data_seed, "step": accelerator.step})
+    shared[store.EXTRA_STATE] = ("json", extra_state or {})
+    for name, data in (extra_json or {}).items():
+        shared[name] = ("json", data)
+    return shared
 
 
 def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
@@ -139,7 +143,7 @@ def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | No
     config = accelerator.project_configuration
     if config.project_dir is None:
         raise ValueError("load_state() without a path needs ProjectConfiguration(project_dir=...) to find the newest checkpoint")
-    found = numbered_checkpoints(_automatic_dir(accelerator))
+    found = store.numbered_checkpoints(_automatic_dir(accelerator))
     if not found:
         raise FileNotFoundError(f"no complete checkpoint_<n> directory under {str(_automatic_dir(accelerator))!r}; save_state() first")
     return found[-1]
@@ -183,6 +187,7 @@ def load_state(
     process), with what was read before it loaded. A checkpoint of another process count is refused, unless it
     is sharded (then it is resharded, with a warning that the data order changes).
     """
+    accelerator.checkpoints.wait()
     path = resolve_load_dir(accelerator, input_dir)
     same_directory_everywhere(accelerator, path, "load_state")
     share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
@@ -198,10 +203,10 @@ def load_state(
     with reader.agreed():
         extra = _load_files(accelerator, reader, manifest, strict)
     config = accelerator.project_configuration
-    if config.automatic_checkpoint_naming and (m := _NUMBERED.match(path.name)):
-        config.iteration = int(m.group(1)) + 1
+    if config.automatic_checkpoint_naming and (n := store.numbered_iteration(path)) is not None:
+        config.iteration = n + 1
     if not isinstance(extra, dict):
-        raise io.CheckpointError(f"{path / 'extra_state.json'} is not a JSON object; the checkpoint was tampered with")
+        raise io.CheckpointError(f"{path / store.EXTRA_STATE} is not a JSON object; the checkpoint was tampered with")
     return extra
 
 
@@ -210,18 +215,18 @@ def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest:
     path = reader.directory
     accelerator.strategy.load_checkpoint(reader, accelerator._models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
     for i, sched in enumerate(accelerator._schedulers):
-        sched.load_state_dict(reader.torch_load(io.indexed("scheduler", i, "bin")))
-    if (path / "scaler.bin").exists():
-        accelerator.strategy.precision.load_state_dict(reader.torch_load("scaler.bin"))
+        sched.load_state_dict(reader.torch_load(store.scheduler_file(i)))
+    if (path / store.SCALER).exists():
+        accelerator.strategy.precision.load_state_dict(reader.torch_load(store.SCALER))
     for i, obj in enumerate(accelerator._custom_objects):
-        obj.load_state_dict(reader.torch_load(f"custom_checkpoint_{i}.bin"))
-    data = reader.read_json("dataloaders.json")
+        obj.load_state_dict(reader.torch_load(store.custom_file(i)))
+    data = reader.read_json(store.DATALOADERS)
     accelerator._data_seed = data.get("data_seed", accelerator._data_seed)
     accelerator.step = int(data.get("step", 0))
     loaders = [loader for loader in accelerator._dataloaders if hasattr(loader, "load_state_dict")]
     for loader, state in zip(loaders, data.get("dataloaders", [])):
         loader.load_state_dict(state)
-    rng = path / f"random_states_{accelerator.process_index}.safetensors"
+    rng = path / store.rng_file(accelerator.process_index)
     saved_world = int(manifest.get("world_size", manifest.get("num_processes", accelerator.num_processes)))
     if rng.exists():
         reader.load_rng_state(rng.name)
@@ -230,4 +235,4 @@ def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest:
             f"checkpoint {str(path)!r} has no {rng.name}: the RNG states of process {accelerator.process_index} are missing, "
             "so the run would not continue as it would have; load an intact checkpoint"
         )
-    return reader.read_json("extra_state.json")
+    return reader.read_json(store.EXTRA_STATE)

@@ -18,6 +18,7 @@ from strategies import REGISTRY, Strategy, normalize_precision, resolve_auto
 from strategies.environment import detect_environment
 from trainer.accelerator import Accelerator
 from trainer.accelerator.config import TorchDynamoPlugin
+from trainer.fit.plugins import check_plugins
 from trainer.launchers import can_rerun_current_script, launch_current_script
 
 
@@ -68,6 +69,7 @@ class TrainerArgs:
     min_steps: int | None = None
     max_time: Any = None
     barebones: bool = False
+    async_checkpoint: bool = False
     launch_processes: bool = False
 
 
@@ -170,6 +172,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     if kw["profiler"] not in _PROFILERS:
         raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}")
     kw["compile"] = _compile_plugin(kw["compile"])
+    kw["async_checkpoint"] = check_plugins(kw.pop("plugins", None))
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"]), "min_epochs": min_epochs,
               "min_steps": min_steps}

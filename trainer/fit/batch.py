@@ -8,6 +8,10 @@
         on_before_backward, backward, on_after_backward
         on a window's last batch: unscale, on_before_optimizer_step, clip, step, schedulers
     on_train_batch_end(detached output)
+    (a module overriding optimizer_step or configure_gradient_clipping, on a window's last batch, Lightning's way)
+        module.optimizer_step(epoch, batch_idx, optimizer, closure)  # closure: training_step, zero_grad, backward;
+        optimizer.step(closure=closure)                              #   then unscale, on_before_optimizer_step,
+                                                                     #   module.configure_gradient_clipping, the step
     every log_every_n_steps windows: the step values go to the trackers
     at a window's end, when scheduled: the processes agree on stopping and preemption (`trainer.fit.agreement`)
 
@@ -26,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.base import overrides
 from trainer.accelerator.stepper import check_loss
+from trainer.fit.module import TrainModule
 from trainer.fit.profiler import timed
 from trainer.fit.transfer import transfer_batch
 
@@ -68,6 +74,11 @@ class TrainBatch:
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
         self.clip_optimizers = [self.inner_optimizer] if self.optimizer is not None else []
+        # Lightning's optimizer_step/configure_gradient_clipping overrides: decided here, once; else the plain path
+        self.custom_clipping = overrides(module, "configure_gradient_clipping", TrainModule)
+        hooked = self.custom_clipping or overrides(module, "optimizer_step", TrainModule)
+        self.automatic = self._automatic_through_hook if hooked and self.optimizer is not None else self._automatic
+        self.step_optimizer = StepOptimizer(self) if hooked and self.optimizer is not None else None
 
     def __call__(self, batch: Any, batch_idx: int, last: bool) -> bool:
         """Run one batch (`last`: the epoch's last, which ends an accumulation window); return False when the
@@ -82,10 +93,10 @@ class TrainBatch:
         if self.module.automatic_optimization:
             boundary = stepper.at_position(state["accumulation_position"], last)
             if boundary:
-                output = self._automatic(batch, batch_idx, boundary)
+                output = self.automatic(batch, batch_idx, boundary)
             else:  # inside an accumulation window all of it runs without gradient reduction
                 with stepper.sync_context(self.models):
-                    output = self._automatic(batch, batch_idx, boundary)
+                    output = self.automatic(batch, batch_idx, boundary)
         else:  # the user's step drives the optimizers (self.manual_backward, opt.step())
             stepper.sync_gradients = True
             output = self.manual_step(batch, batch_idx)
@@ -144,6 +155,49 @@ class TrainBatch:
             self.optimizer_step()
         return output
 
+    def _automatic_through_hook(self, batch: Any, batch_idx: int, boundary: bool) -> Any:
+        """`_automatic` for a module overriding ``optimizer_step`` (or ``configure_gradient_clipping``), as Lightning
+        runs it: inside a window the batch runs as usual; on its last batch the module's ``optimizer_step(epoch,
+        batch_idx, optimizer, optimizer_closure)`` runs, and the closure it hands to ``optimizer.step`` runs
+        ``training_step``, ``zero_grad`` and backward. `global_step` counts the hook's call, as Lightning's."""
+        if not boundary:
+            return self._automatic(batch, batch_idx, boundary)
+        state, outputs = self.state, []
+        position = state["accumulation_position"]
+
+        def optimizer_closure() -> Any:
+            """``training_step`` + ``zero_grad`` (on a window's first batch) + backward; returns the loss."""
+            state["accumulation_position"] = position  # an optimizer that calls the closure again (LBFGS) reruns the batch
+            outputs.append(self._automatic(batch, batch_idx, False))  # False: the step is the hook's
+            state["accumulation_position"] = 0
+            output = outputs[-1]
+            return output if type(output) is torch.Tensor else _loss_of(output)
+
+        self.module.optimizer_step(self.trainer.current_epoch, batch_idx, self.step_optimizer, optimizer_closure)
+        if not outputs:
+            raise RuntimeError(
+                f"{type(self.module).__name__}.optimizer_step(epoch, batch_idx, optimizer, optimizer_closure) did not run "
+                "optimizer_closure, so training_step never ran for this batch. Call optimizer.step(closure=optimizer_closure) "
+                "(or optimizer_closure() where it skips the step), as Lightning requires"
+            )
+        state["global_step"] += 1
+        state["accumulated"] = 0
+        if self.trainer.lr_scheduler_configs and not self.optimizer.step_was_skipped:
+            step_schedulers(self.trainer, "step", update_plateau=True)
+        return outputs[-1]
+
+    def before_step(self) -> None:
+        """What runs between the closure and the optimizer's update in Lightning's precision plugin: unscale,
+        ``on_before_optimizer_step``, then the module's ``configure_gradient_clipping`` (or the Trainer's clipping)."""
+        trainer, optimizer = self.trainer, self.optimizer
+        self.stepper.unscale(self.clip_optimizers)
+        if "on_before_optimizer_step" in self.hooks:
+            self.hooks["on_before_optimizer_step"](optimizer)
+        if self.custom_clipping:
+            self.module.configure_gradient_clipping(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        elif trainer.gradient_clip_val:
+            self.module.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+
     def _in_precision(self, step: Any) -> Any:
         """`step` (``training_step``) in the precision's context (autocast, or a true precision's default dtype, with
         the batch's floating-point tensors in that dtype); `step` itself when that does nothing."""
@@ -177,6 +231,51 @@ class TrainBatch:
         state["accumulated"] = 0
         if trainer.lr_scheduler_configs and not optimizer.step_was_skipped:
             step_schedulers(trainer, "step", update_plateau=True)
+
+
+class StepOptimizer:
+    """The optimizer a module's ``optimizer_step`` override gets (Lightning's ``LightningOptimizer``): ``step(closure)``
+    runs the closure, then `TrainBatch.before_step`, then the update; everything else (``param_groups``, ``state``,
+    ...) is the prepared optimizer's.
+
+    Where the step is plain torch (`Stepper.plain`: no loss scaler, no strategy step of its own) the closure runs
+    inside the optimizer's own ``step`` (an optimizer such as LBFGS may call it again), as in Lightning's full
+    precision; otherwise (fp16 loss scaling, DeepSpeed's engine stepping in its backward, XLA reducing gradients
+    before its step) it runs first and the update follows, as in Lightning's mixed precision.
+    """
+
+    def __init__(self, batch: TrainBatch) -> None:
+        self.batch = batch
+        self.optimizer = batch.optimizer  # Lightning's `optimizer.optimizer`: the wrapped optimizer
+        self.closure_first = not batch.stepper.plain
+
+    def step(self, closure: Any = None) -> Any:
+        """Run `closure` (training_step, zero_grad, backward), then unscale, ``on_before_optimizer_step`` and clipping,
+        then update the parameters; returns what the closure returned."""
+        batch, result = self.batch, None
+
+        def closure_then_before_step() -> Any:
+            nonlocal result
+            result = closure() if closure is not None else None
+            batch.before_step()
+            return result
+
+        if self.closure_first:
+            closure_then_before_step()
+            if batch.state["accumulated"]:  # a step whose backward was skipped is not taken (Lightning's AMP)
+                self.optimizer.step()
+        else:
+            self.optimizer.step(closure_then_before_step)
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"StepOptimizer({self.optimizer!r})"
 
 
 class ProfiledTrainBatch(TrainBatch):

@@ -23,31 +23,22 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.checkpoint import ModelCheckpoint
 from strategies import checkpoint_io
-from strategies.checkpoint_io import (
-    FORMAT_VERSION,
-    LAST_POINTER_NAME,
-    load_weights,
-    read_last_pointer,
-    read_manifest,
-    verify_checkpoint,
-    write_last_pointer,
-)
+from strategies import checkpoint_store as store
+from strategies.checkpoint_io import FORMAT_VERSION, load_weights, read_manifest, verify_checkpoint
 from strategies.checkpoint_io import is_complete as is_complete_checkpoint
 from trainer.accelerator.state import save_state
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
 
-HPARAMS_NAME = "hparams.json"
-__all__ = [
-    "LAST_POINTER_NAME", "is_complete_checkpoint", "read_last_pointer", "read_manifest", "restore_checkpoint", "save_checkpoint",
-    "verify_checkpoint", "write_last_pointer",
-]
+HPARAMS_NAME = store.HPARAMS
+__all__ = ["find_last_checkpoint", "is_complete_checkpoint", "read_manifest", "restore_checkpoint", "save_checkpoint", "verify_checkpoint"]
 
 
 # --------------------------------------------------------------------------------------------- saving
-def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str]) -> Path:
-    """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically.
+def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_save: bool = False) -> Any:
+    """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically (with `async_save`, in
+    the background once the state is copied: see `strategies.checkpoint_store`).
 
     Every rank must call this (it is collective). It is the `Accelerator`'s checkpoint (one staging
     directory, one manifest) with the Trainer's state in ``extra_state.json``, its ``hparams.json``, and the
@@ -59,14 +50,15 @@ def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str]) -> Path:
         dirpath: the checkpoint directory to create.
 
     Returns:
-        The checkpoint directory.
+        The checkpoint directory, or with `async_save` the `PendingSave` handle of its background write.
     """
     target = Path(dirpath).absolute()
     extra_state = build_checkpoint_state(trainer)
     hparams = extra_state.get("hyper_parameters") or {}
     meta = {"global_step": int(trainer.global_step), "epoch": int(trainer.current_epoch)}
-    save_state(trainer.accelerator, target, extra_state=extra_state, extra_json={HPARAMS_NAME: hparams}, meta=meta)
-    return target
+    pending = save_state(trainer.accelerator, target, extra_state=extra_state, extra_json={HPARAMS_NAME: hparams}, meta=meta,
+                         async_save=async_save)
+    return pending if async_save else target
 
 
 def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
@@ -205,26 +197,12 @@ def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- finding
 def default_checkpoint_dir(trainer: Trainer) -> Path:
     """``<project_dir>/checkpoints``: where checkpoints go unless `ModelCheckpoint(dirpath=...)` says otherwise."""
-    return checkpoint_io.default_checkpoint_dir(trainer.project_dir)
+    return store.default_dir(trainer.project_dir)
 
 
 def find_last_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint in `dirpath`: the one ``last.json`` names, else the highest step saved."""
-    dirpath = Path(dirpath)
-    if not dirpath.is_dir():
-        return None
-    pointed = read_last_pointer(dirpath)
-    if pointed is not None:
-        return pointed
-    best: tuple[tuple[float, float], Path] | None = None
-    for child in dirpath.iterdir():
-        if child.name.startswith(".") or not child.is_dir() or not is_complete_checkpoint(child):
-            continue
-        manifest = read_manifest(child)
-        key = (float(manifest.get("global_step", -1)), float(manifest.get("created", 0.0)))
-        if best is None or key > best[0]:
-            best = (key, child)
-    return None if best is None else best[1]
+    """The newest complete checkpoint in `dirpath` (`strategies.checkpoint_store.newest_in`)."""
+    return store.newest_in(dirpath)
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None) -> Path | None:
@@ -243,13 +221,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        candidates = []
-        for directory in _checkpoint_dirs(trainer):
-            found = find_last_checkpoint(directory)
-            if found is not None:
-                manifest = read_manifest(found)
-                candidates.append(((float(manifest.get("global_step", -1)), float(manifest.get("created", 0.0))), found))
-        return max(candidates)[1] if candidates else None
+        return store.newest_of(_checkpoint_dirs(trainer))
     if ckpt_path == "best":
         callback = trainer.checkpoint_callback
         best = callback.best_model_path if callback is not None else ""

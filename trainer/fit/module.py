@@ -8,9 +8,10 @@ inside a run (``self.log``, ``self.device``, ``self.trainer``, ``self.all_gather
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,18 +193,46 @@ class TrainModule(nn.Module):
     """
 
     automatic_optimization: bool = True
+    # properties TorchScript must not compile (`to_torchscript`): they read the run or Python-only state
+    __jit_unused_properties__: list[str] = [
+        "trainer", "device", "global_step", "logger", "loggers", "global_rank", "local_rank", "current_epoch",
+        "example_input_array", "strict_loading",
+    ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: TrainerView | None = None
         self.hparams: AttributeDict = AttributeDict()
         self._toggled: dict[int, bool] = {}
+        self._example_input_array: Any = None
+        self._strict_loading: bool | None = None
+        self._jit_is_scripting = False  # `to_torchscript` reads every attribute: `trainer` is None then, not an error
+
+    @property
+    def example_input_array(self) -> Any:
+        """An input of ``forward`` (a tensor, or a tuple of positional arguments, or a dict of keyword arguments): what
+        `to_onnx` and `to_torchscript` (``method="trace"``) use when no input is given (Lightning's attribute)."""
+        return self._example_input_array
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether loading weights requires the checkpoint's keys to match the module's exactly (default True; set
+        ``self.strict_loading = False`` for a module that saves only some of its weights, as in Lightning)."""
+        return True if self._strict_loading is None else self._strict_loading
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     # run context
     @property
     def trainer(self) -> TrainerView:
         """The `Trainer` running this module (raises outside a run); what it offers is `callbacks.view.TrainerView`."""
-        if self._trainer is None:
+        if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) (or validate/test/predict) first")
         return self._trainer
 
@@ -282,6 +311,37 @@ class TrainModule(nn.Module):
         raise NotImplementedError(
             f"{type(self).__name__} must implement configure_optimizers(), e.g. return torch.optim.AdamW(self.parameters(), lr=1e-3)"
         )
+
+    def configure_callbacks(self) -> Sequence[Any] | Any:
+        """Callbacks this module brings (Lightning's hook): called when ``fit``/``validate``/``test``/``predict`` starts,
+        before ``setup``. One of a class the Trainer already holds (or a subclass of it) replaces the Trainer's;
+        checkpointing callbacks run last, as ever."""
+        return []
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Callable[[], Any] | None = None) -> None:
+        """Step `optimizer` at the end of each accumulation window (automatic optimization; Lightning's hook).
+
+        `optimizer_closure` runs ``training_step``, ``zero_grad`` (on a window's first batch) and backward: hand it to
+        ``optimizer.step(closure=optimizer_closure)``, which then runs ``on_before_optimizer_step``, gradient clipping
+        and the update. Override it to change the update, e.g. Lightning's learning-rate warm-up::
+
+            def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+                optimizer.step(closure=optimizer_closure)
+                if self.trainer.global_step < 500:
+                    for group in optimizer.param_groups:
+                        group["lr"] = min(1.0, (self.trainer.global_step + 1) / 500) * self.hparams.lr
+
+        ``trainer.global_step`` counts this hook's calls. A module that does not override it (nor
+        `configure_gradient_clipping`) is stepped by the Trainer directly, without the closure.
+        """
+        optimizer.step(closure=optimizer_closure)
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip gradients before each optimizer step (automatic optimization; Lightning's hook), after
+        ``on_before_optimizer_step``; it gets the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm``. The
+        default clips with them (`clip_gradients`); an override may clip differently, e.g. per parameter group."""
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Step one scheduler (override for schedulers with another ``step`` signature)."""
@@ -390,9 +450,16 @@ class TrainModule(nn.Module):
             raise RuntimeError("manual_backward is for manual optimization; set self.automatic_optimization = False in __init__")
         self.trainer.manual_backward(loss, **kwargs)
 
-    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str = "norm") -> None:
-        """Clip the gradients of `optimizer`'s parameters (manual optimization)."""
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None) -> None:
+        """Clip the gradients of `optimizer`'s parameters (unscaled first under fp16): in manual optimization, or in
+        `configure_gradient_clipping`. Unset arguments are the Trainer's (no clipping without a value)."""
+        trainer = self.trainer
         if gradient_clip_val is None:
+            gradient_clip_val = trainer.gradient_clip_val
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = trainer.gradient_clip_algorithm or "norm"
+        gradient_clip_algorithm = str(gradient_clip_algorithm).lower()
+        if not gradient_clip_val or gradient_clip_val <= 0:
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if gradient_clip_algorithm == "norm":
@@ -415,6 +482,15 @@ class TrainModule(nn.Module):
         for p in self.parameters():
             p.requires_grad_(self._toggled.get(id(p), p.requires_grad))
         self._toggled = {}
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """`toggle_optimizer` for the block, `untoggle_optimizer` after it (also when the block raises)."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
 
     def freeze(self) -> None:
         """Stop gradients for every parameter and switch to eval mode."""
@@ -464,6 +540,29 @@ class TrainModule(nn.Module):
     def on_predict_epoch_end(self) -> None: ...
     def on_predict_end(self) -> None: ...
 
+    # Lightning's module-only hooks around an evaluation loop (no callback has them): the loop calls the ``*_eval``
+    # hook before ``on_<stage>_start``; after ``on_<stage>_end`` it calls the ``*_train`` hook when overridden, else it
+    # restores each submodule's mode as it was (predict: always restores)
+    def on_validation_model_eval(self) -> None:
+        """Switch to eval mode for validation (default ``self.eval()``)."""
+        self.eval()
+
+    def on_validation_model_train(self) -> None:
+        """Switch back after validation (called only when overridden; else each submodule's mode is restored)."""
+        self.train()
+
+    def on_test_model_eval(self) -> None:
+        """Switch to eval mode for testing (default ``self.eval()``)."""
+        self.eval()
+
+    def on_test_model_train(self) -> None:
+        """Switch back after testing (called only when overridden; else each submodule's mode is restored)."""
+        self.train()
+
+    def on_predict_model_eval(self) -> None:
+        """Switch to eval mode for prediction (default ``self.eval()``)."""
+        self.eval()
+
     # batch transfer (Lightning's): each batch of every loader passes through these three, in this order, before
     # its batch hooks. Overriding any of them (here or on the DataModule, which wins) turns the loaders' own
     # device placement off, so `transfer_batch_to_device` is what moves the batch.
@@ -509,9 +608,24 @@ class TrainModule(nn.Module):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Read what `on_save_checkpoint` added, when a checkpoint is restored."""
 
+    def to_torchscript(self, file_path: str | os.PathLike[str] | None = None, method: str = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+        """This module as TorchScript (``torch.jit.script``, or ``torch.jit.trace`` on `example_inputs` or
+        `example_input_array`), in eval mode, saved to `file_path` when given; Lightning's method."""
+        from trainer.fit.export import to_torchscript  # lazy: `from trainer import TrainModule` loads no exporter
+
+        return to_torchscript(self, file_path, method, example_inputs, **kwargs)
+
+    def to_onnx(self, file_path: str | os.PathLike[str], input_sample: Any = None, **kwargs: Any) -> Any:
+        """Export this module to ONNX (``torch.onnx.export`` on `input_sample` or `example_input_array`, in eval mode;
+        `kwargs` go to the exporter); Lightning's method. Needs the ``onnx`` package."""
+        from trainer.fit.export import to_onnx  # lazy: `from trainer import TrainModule` loads no exporter
+
+        return to_onnx(self, file_path, input_sample, **kwargs)
+
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool = True,
+        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool | None = None,
         weights_only: bool | None = None, **overrides: Any
     ) -> TrainModule:
         """Rebuild a module from a checkpoint directory: its saved hyperparameters, then its weights.
@@ -519,7 +633,7 @@ class TrainModule(nn.Module):
         Args:
             checkpoint_path: a checkpoint directory (or its ``model.safetensors``).
             map_location: device to load the weights to (CPU by default).
-            strict: require the checkpoint's keys to match the module's exactly.
+            strict: require the checkpoint's keys to match the module's exactly (None: the module's `strict_loading`).
             weights_only: Lightning 2.6's argument: None or True (nothing is unpickled here); False is refused.
             overrides: constructor arguments that replace saved hyperparameters.
         """
@@ -539,7 +653,8 @@ class TrainModule(nn.Module):
             err.args = ((f"{err}; rebuilding {cls.__name__} from {str(directory)!r} with hyperparameters {sorted(hparams)} failed: "
                         "call self.save_hyperparameters() in __init__, or pass the missing arguments to load_from_checkpoint(..., name=value)"),)
             raise
-        load_weights(directory, module, device="cpu" if map_location is None else map_location, strict=strict)
+        load_weights(directory, module, device="cpu" if map_location is None else map_location,
+                     strict=module.strict_loading if strict is None else strict)
         return module
 
 

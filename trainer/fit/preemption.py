@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from callbacks.checkpoint import ModelCheckpoint
 from callbacks.view import Preempted
-from trainer.fit.checkpointing import default_checkpoint_dir, write_last_pointer
+from strategies.checkpoint_store import write_last_pointer
+from trainer.fit.checkpointing import default_checkpoint_dir
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
@@ -35,7 +36,7 @@ def checkpoint_and_exit(trainer: Trainer) -> None:
     callback = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
     folder = callback.resolve_dirpath(trainer) if callback is not None else default_checkpoint_dir(trainer)
     path = folder / f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}"
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, async_save=False)  # (waits for a save in flight first; the process exits next)
     signum = int(trainer.agreement.signal)
     if trainer.is_global_zero:
         write_last_pointer(folder, path)

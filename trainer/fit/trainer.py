@@ -28,6 +28,7 @@ from callbacks.base import Callback, overrides
 from callbacks.view import ValidationSchedule
 from strategies.abilities import Engine
 from strategies.checkpoint_io import load_weights, rng_kept
+from strategies.checkpoint_store import CheckpointSaveError, CheckpointStore
 from strategies.compile import recompile_with, unwrap_compiled
 from trainer.fit import loops, preemption
 from trainer.fit.agreement import LoopAgreement
@@ -126,6 +127,9 @@ class Trainer:
         barebones: turn off everything that may cost speed: checkpointing, progress bar, model summary, trackers,
             ``self.log`` (a warning, nothing logged), the sanity check. Passing one of them turned on, or `fast_dev_run`,
             `detect_anomaly`, `profiler`, is an error.
+        plugins: Lightning's plugins; ``AsyncCheckpointIO()`` (`trainer.fit.plugins`) makes the Trainer's checkpoints
+            asynchronous: written in the background once the state is copied (``ModelCheckpoint(async_save=...)`` per
+            callback). Other plugins are refused with the argument that does their work here.
     """
 
     def __init__(
@@ -176,6 +180,7 @@ class Trainer:
         min_steps: int | None = None,
         max_time: str | timedelta | dict[str, int] | None = None,
         barebones: bool = False,
+        plugins: Any = None,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
@@ -399,9 +404,21 @@ class Trainer:
         if self.is_global_zero:
             print(*args, **kwargs)
 
-    def save_checkpoint(self, dirpath: str | os.PathLike[str]) -> Path:
-        """Write a complete checkpoint directory, atomically. Every process must call it."""
-        return save_checkpoint(self, dirpath)
+    def save_checkpoint(self, dirpath: str | os.PathLike[str], *, async_save: bool | None = None) -> Any:
+        """Write a complete checkpoint directory, atomically. Every process must call it.
+
+        ``async_save=True`` returns once the state is copied out of the training tensors (a handle, see
+        `strategies.checkpoint_store.PendingSave`) and writes it in the background; None: asynchronous when the
+        Trainer has ``plugins=[AsyncCheckpointIO()]``. The next save, ``fit``'s end and a preemption wait for it.
+        """
+        if async_save is not None and not isinstance(async_save, bool):
+            raise TypeError(f"save_checkpoint(async_save={async_save!r}) must be True, False or None (the Trainer's default)")
+        return save_checkpoint(self, dirpath, async_save=self._args.async_checkpoint if async_save is None else async_save)
+
+    @property
+    def checkpoints(self) -> CheckpointStore:
+        """The checkpoint store of this run (the accelerator's): the layout on disk and the save in flight."""
+        return self.accelerator.checkpoints
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log values computed outside ``self.log`` (a callback's learning rates, throughput, ...).
@@ -719,14 +736,27 @@ class Trainer:
             self._dispatch.call("setup", setup_stage)
             self._configure_model(module)
             result = body()
+            self.accelerator.checkpoints.wait()  # a checkpoint written in the background is committed before we return
         except BaseException as err:
             self._dispatch.call_callbacks("on_exception", err)
+            self._finish_background_save(err)
             self._teardown(setup_stage)
             raise
         finally:
             self.agreement.signals.restore()
         self._teardown(setup_stage)
         return result
+
+    def _finish_background_save(self, err: BaseException) -> None:
+        """After a failure: let a checkpoint being written in the background finish (it was a consistent copy), without
+        hiding `err` behind an error of that write, which is reported as a warning."""
+        if self._accelerator is None:
+            return
+        try:
+            self._accelerator.checkpoints.wait()
+        except CheckpointSaveError as save_error:
+            if save_error is not err:
+                warnings.warn(str(save_error), stacklevel=2)
 
     def _setup_datamodule(self, datamodule: Any, stage: str) -> None:
         datamodule.trainer = self

@@ -1,0 +1,195 @@
+"""``kill -9`` during an asynchronous save's background write, then resume: both faces, 1 and 2 processes, DDP and FSDP.
+
+Each phase is a real job (``python -m tests.distributed.test_async_checkpoint_kill``; ``torchrun`` for 2 processes).
+A run saves at steps 3 and 6 (asynchronously) and trains to step 9. In the killed run, process 0 SIGKILLs itself
+while its background thread is writing the step-6 checkpoint (an object registered for checkpointing kills the
+process when it is pickled, which happens only in that write). Then:
+
+* the step-6 checkpoint was never committed: its staging directory is there, its directory is not, and the newest
+  complete checkpoint is step 3's;
+* the resumed run (from the newest checkpoint) ends with the same weights, bit for bit, as a run never interrupted;
+* its own next save removed the staging directory the killed write left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.multiprocess import free_port
+
+pytestmark = [pytest.mark.distributed, pytest.mark.faults]
+
+REPO = Path(__file__).resolve().parents[2]
+TOTAL_STEPS, EVERY, KILL_AT = 9, 3, 6
+CASES = [("accelerator", 1, "single"), ("accelerator", 2, "ddp"), ("accelerator", 2, "fsdp"),
+         ("trainer", 1, "single"), ("trainer", 2, "ddp"), ("trainer", 2, "fsdp")]
+
+
+def _phase(root: Path, face: str, nproc: int, strategy: str, kill: bool) -> subprocess.CompletedProcess:
+    args = ["-m", "tests.distributed.test_async_checkpoint_kill", str(root), face, strategy, "1" if kill else "0"]
+    if nproc > 1:
+        args = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
+    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("face", "nproc", "strategy"), CASES, ids=[f"{f}-{n}proc-{s}" for f, n, s in CASES])
+def test_kill_during_background_write_resumes_from_the_previous_checkpoint(face: str, nproc: int, strategy: str, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from strategies.checkpoint_store import newest_in
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    straight.mkdir(), run.mkdir()
+    first = _phase(straight, face, nproc, strategy, kill=False)
+    assert first.returncode == 0, first.stderr[-3000:]
+    killed = _phase(run, face, nproc, strategy, kill=True)
+    assert killed.returncode != 0 and not (run / "final.safetensors").exists(), killed.stderr[-3000:]
+    folder = run / "checkpoints"
+    staged = [p.name for p in folder.iterdir() if p.name.endswith(".partial")]
+    assert len(staged) == 1, f"expected the killed save's staging directory, found {sorted(p.name for p in folder.iterdir())}"
+    newest = newest_in(folder)
+    assert newest is not None and newest.name == ("checkpoint_0" if face == "accelerator" else f"step={EVERY}"), newest
+    assert not (folder / staged[0][1 : -len(".partial")]).exists()  # the killed checkpoint never got its real name
+    resumed = _phase(run, face, nproc, strategy, kill=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run / "report.json").read_text()) == {"resumed_from": EVERY, "step": TOTAL_STEPS}
+    assert not [p.name for p in folder.iterdir() if p.name.endswith(".partial")], "the next save leaves no staging behind"
+    want, got = load_file(str(straight / "final.safetensors")), load_file(str(run / "final.safetensors"))
+    assert want.keys() == got.keys() and [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+# ------------------------------------------------------------------------------- the training job
+class _KillWhenPickled:
+    """Pickled only by the background write of a checkpoint: SIGKILLs this process there (after other files were written)."""
+
+    def __deepcopy__(self, memo: Any) -> _KillWhenPickled:  # the step's copy of the state keeps it as it is
+        return self
+
+    def __reduce__(self) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+class Probe:
+    """Registered for checkpointing in every phase (so every checkpoint holds the same objects); in the killed run its
+    state at step `KILL_AT` carries the object that kills process 0 in the middle of the write."""
+
+    def __init__(self, kill: bool) -> None:
+        self.kill, self.step = kill, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+
+        state: dict[str, Any] = {"step": torch.tensor(self.step)}
+        if self.kill and self.step == KILL_AT and int(os.environ.get("RANK", "0")) == 0:
+            state["bomb"] = _KillWhenPickled()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+def _data(step: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + step * 10 + int(os.environ.get("RANK", "0")))
+    x = torch.randn(8, 16, generator=g)
+    return x, x.sum(1, keepdim=True)
+
+
+def _accelerator_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, int]:
+    import torch
+
+    from trainer import Accelerator, ProjectConfiguration
+    from trainer.utils import set_seed
+
+    accelerator = Accelerator(cpu=True, strategy=strategy, project_config=ProjectConfiguration(
+        project_dir=str(root), automatic_checkpoint_naming=True))
+    set_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    probe = Probe(kill)
+    accelerator.register_for_checkpointing(probe)
+    resumed_from = 0
+    if (root / "checkpoints").is_dir():
+        accelerator.load_state()  # the newest complete checkpoint_<n>
+        resumed_from = probe.step
+    for step in range(resumed_from + 1, TOTAL_STEPS + 1):
+        x, y = _data(step)
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+        probe.step = step
+        if step % EVERY == 0:
+            accelerator.save_state(async_save=True)
+    accelerator.end_training()
+    return accelerator, model, resumed_from
+
+
+def _trainer_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, int]:
+    import torch
+
+    from callbacks.base import Callback
+    from callbacks.checkpoint import ModelCheckpoint
+    from trainer import Trainer, TrainModule
+
+    class Net(TrainModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = _data(self.trainer.global_step + 1)
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    class Register(Callback):
+        def __init__(self) -> None:
+            self.probe, self.resumed_from = Probe(kill), 0
+
+        def setup(self, trainer: Any, module: Any, stage: str) -> None:
+            trainer.accelerator.register_for_checkpointing(self.probe)
+
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            self.resumed_from = trainer.global_step
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.probe.step = trainer.global_step
+
+    torch.manual_seed(7)
+    module, register = Net(), Register()
+    checkpoints = ModelCheckpoint(dirpath=root / "checkpoints", filename="{step}", every_n_train_steps=EVERY, save_top_k=-1, async_save=True)
+    trainer = Trainer(strategy=strategy, accelerator="cpu", max_steps=TOTAL_STEPS, callbacks=[register, checkpoints], log_with=None,
+                      enable_progress_bar=False, enable_model_summary=False, project_dir=str(root), seed=3)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(64, 1)), batch_size=1)
+    trainer.fit(module, loader, ckpt_path="last")
+    return trainer.accelerator, module, register.resumed_from
+
+
+def main(root: Path, face: str, strategy: str, kill: bool) -> None:
+    from safetensors.torch import save_file
+
+    run = _accelerator_run if face == "accelerator" else _trainer_run
+    accelerator, model, resumed_from = run(root, strategy, kill)
+    full = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        save_file({k: v.contiguous() for k, v in full.items()}, str(root / "final.safetensors"))
+        (root / "report.json").write_text(json.dumps({"resumed_from": resumed_from, "step": TOTAL_STEPS}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1")

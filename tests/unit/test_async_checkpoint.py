@@ -1,0 +1,137 @@
+"""Asynchronous saves in one process: a consistent snapshot, committed only when written, errors raised on the next
+call, pruning and ``last.json`` only after the commit, and the Trainer's ``AsyncCheckpointIO`` resuming bit-exactly.
+
+The kill -9 cases (a process dying in the middle of the background write, 1 and 2 processes, DDP and FSDP, both
+faces) are in tests/distributed/test_async_checkpoint_kill.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from callbacks.checkpoint import ModelCheckpoint
+from strategies.checkpoint_store import CheckpointSaveError, PendingSave, newest_in
+from tests.unit.test_checkpoint_resume import TOTAL_STEPS, assert_same_weights, run_fit
+from trainer import Accelerator, ProjectConfiguration, Trainer
+from trainer.fit.plugins import AsyncCheckpointIO
+
+
+def _prepared(accelerator: Accelerator) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return accelerator.prepare(model, optimizer)
+
+
+def _train(accelerator: Accelerator, model: nn.Module, optimizer: Any, steps: int) -> None:
+    for _ in range(steps):
+        accelerator.backward(model(torch.randn(8, 32)).square().mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+class Breakable:
+    """Registered for checkpointing; while `broken`, its state cannot be pickled (a local function), so the background
+    write fails there."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken = broken
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fn": lambda: None} if self.broken else {"fn": None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_async_save_writes_the_state_as_it_was_when_called(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _prepared(accelerator)
+    _train(accelerator, model, optimizer, 2)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    pending = accelerator.save_state(tmp_path / "a", async_save=True)
+    assert isinstance(pending, PendingSave)
+    _train(accelerator, model, optimizer, 3)  # changes the weights while (or after) the copy is written
+    assert pending.result() == str(tmp_path / "a") and pending.done()
+    accelerator.load_state(tmp_path / "a")
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(moments[k], v) for k, v in optimizer.state_dict()["state"][0].items())
+
+
+def test_a_failed_background_write_commits_nothing_and_is_raised_by_the_next_call(tmp_path: Path) -> None:
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    _prepared(accelerator)
+    part = Breakable()
+    accelerator.register_for_checkpointing(part)
+    accelerator.save_state()  # checkpoint_0, synchronous
+    part.broken = True
+    accelerator.save_state(async_save=True)  # checkpoint_1: fails in the background
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointSaveError, match=r"checkpoint_1.*not committed.*process 0"):
+        accelerator.save_state(async_save=True)  # the next call waits for it and reports it
+    assert not (folder / "checkpoint_1").exists() and (folder / ".checkpoint_1.partial").is_dir()
+    assert newest_in(folder) == folder / "checkpoint_0"
+    part.broken = False
+    accelerator.project_configuration.iteration = 1
+    accelerator.save_state(async_save=True).result()
+    assert (folder / "checkpoint_1").is_dir() and not (folder / ".checkpoint_1.partial").exists()  # staging cleaned
+
+
+def test_the_error_is_raised_once_whoever_asks_first(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+    accelerator.register_for_checkpointing(Breakable(broken=True))
+    pending = accelerator.save_state(tmp_path / "a", async_save=True)
+    with pytest.raises(CheckpointSaveError, match="pickle"):
+        pending.result()
+    accelerator.end_training()  # already reported through the handle: not raised again
+
+
+def test_total_limit_prunes_only_after_the_new_checkpoint_is_committed(tmp_path: Path) -> None:
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model, optimizer = _prepared(accelerator)
+    for _ in range(4):
+        _train(accelerator, model, optimizer, 1)
+        accelerator.save_state(async_save=True)
+    accelerator.end_training()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_2", "checkpoint_3"]
+
+
+def test_trainer_async_checkpoints_resume_bit_exactly(tmp_path: Path) -> None:
+    straight, _, _ = run_fit(tmp_path / "straight", TOTAL_STEPS)
+    run_fit(tmp_path / "run", 8, every_n_train_steps=4, plugins=[AsyncCheckpointIO()])
+    folder = tmp_path / "run" / "ckpts"
+    assert newest_in(folder) is not None and newest_in(folder).name.endswith("step=8")
+    resumed, _, _ = run_fit(tmp_path / "run", TOTAL_STEPS, ckpt_path="last", every_n_train_steps=4, init_seed=99, plugins=[AsyncCheckpointIO()])
+    assert_same_weights(straight, resumed)
+
+
+def test_model_checkpoint_async_save_writes_last_json_after_the_commit(tmp_path: Path) -> None:
+    callback = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=1, save_last=True, async_save=True)
+    run_fit(tmp_path, 6, extra_callbacks=(callback,))
+    names = sorted(p.name for p in (tmp_path / "ckpts").iterdir())
+    assert names == ["epoch=1-step=6", "last-epoch=1-step=6", "last.json"], names  # older ones removed once superseded
+    assert newest_in(tmp_path / "ckpts") == tmp_path / "ckpts" / "last-epoch=1-step=6"
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: Trainer(plugins=["async"]), ValueError, "plugins are given as objects"),
+        (lambda: Trainer(plugins=[object()]), ValueError, "AsyncCheckpointIO"),
+        (lambda: AsyncCheckpointIO(checkpoint_io=object()), NotImplementedError, "no CheckpointIO to wrap"),
+        (lambda: ModelCheckpoint(async_save=1), TypeError, "async_save=1"),
+        (lambda: Accelerator(cpu=True).save_state("x", async_save="yes"), TypeError, "async_save='yes'"),
+    ],
+)
+def test_bad_async_arguments_are_refused(make: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        make()

@@ -1,0 +1,30 @@
+"""``lightning.pytorch.plugins`` under the rename: the precision objects (`trainer.plugins.precision`) and the
+environment names (`trainer.plugins.environments`, none offered).
+
+Lightning's checkpoint IO plugins (``CheckpointIO``, ``TorchCheckpointIO``, ``AsyncCheckpointIO``, ``XLACheckpointIO``)
+belong to the checkpoint store, which writes checkpoint directories (docs/checkpoints.md); they are added there.
+"""
+
+from __future__ import annotations
+
+from trainer.lightning_api import not_offered
+from trainer.plugins.precision import (
+    BitsandbytesPrecision,
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+    TransformerEnginePrecision,
+    XLAPrecision,
+)
+
+_SYNC_BATCHNORM = "pass Trainer(sync_batchnorm=True): BatchNorm layers become torch's SyncBatchNorm before the module is wrapped"
+LayerSync = not_offered("LayerSync", "lightning.pytorch.plugins", _SYNC_BATCHNORM, module=__name__)
+TorchSyncBatchNorm = not_offered("TorchSyncBatchNorm", "lightning.pytorch.plugins", _SYNC_BATCHNORM, module=__name__)
+
+__all__ = [
+    "BitsandbytesPrecision", "DeepSpeedPrecision", "DoublePrecision", "FSDPPrecision", "HalfPrecision", "LayerSync",
+    "MixedPrecision", "Precision", "TorchSyncBatchNorm", "TransformerEnginePrecision", "XLAPrecision",
+]
