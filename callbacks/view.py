@@ -142,6 +142,14 @@ class TrainerView(Protocol):
     def log_every_n_steps(self) -> int: ...
 
     @property
+    def gradient_clip_val(self) -> float | None:
+        """``Trainer(gradient_clip_val=...)`` (None: no clipping)."""
+
+    @property
+    def gradient_clip_algorithm(self) -> str:
+        """``"norm"`` or ``"value"``."""
+
+    @property
     def validation_schedule(self) -> ValidationSchedule: ...
 
     # ------------------------------------------------------------------ processes

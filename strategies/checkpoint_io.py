@@ -1,7 +1,8 @@
 """Checkpoint files: one directory per checkpoint, written atomically, read without unpickling arbitrary objects.
 
-Layout of a checkpoint directory (`Accelerator.save_state`; `Trainer.save_checkpoint` adds ``hparams.json``
-and its loop state in ``extra_state.json``)::
+The names are the checkpoint store's (`strategies.checkpoint_store`, which runs every save and knows where checkpoints
+go); this module writes and reads the files. A checkpoint directory (`Accelerator.save_state`; a `Trainer` adds
+``hparams.json`` and its state in ``extra_state.json``)::
 
     model.safetensors / model_1.safetensors ...     full state dicts, unwrapped keys (single, DDP)
     optimizer.bin / optimizer_1.bin ...             torch.save, loaded with weights_only=True (single, DDP)
@@ -870,7 +871,7 @@ def load_weights(
             raise CheckpointError(f"cannot load the sharded weights in {directory}: {err}") from err
         set_model_state_dict(module, state[f"model_{index}"], options=StateDictOptions(strict=strict))
         return
-    name = "model.safetensors" if index == 0 else f"model_{index}.safetensors"
+    name = indexed("model", index, "safetensors")  # (strategies.checkpoint_store.model_file)
     weights = directory / name
     if not weights.is_file():
         raise FileNotFoundError(

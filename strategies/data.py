@@ -6,8 +6,11 @@ moves batches to the device, knows where it is in the epoch (``state_dict``/``lo
 mid-epoch without loading the skipped data), and tells ``gather_for_metrics`` how many samples of the last
 step are real (``remainder``) while the last batch is in use (``end_of_dataloader``).
 
-Shuffling: a `RandomSampler` is replaced by a `SeedableRandomSampler` drawing its permutation from
-``seed + epoch``, so every process holds the same permutation and takes its share of it.
+Order: Accelerate's, for the same settings (docs/data.md). By default the sampler keeps drawing from its generator,
+or from torch's global RNG, at every pass, exactly as a plain DataLoader (with several processes its generator
+is synchronized when each pass starts); with a seed, a `RandomSampler` is replaced by a `SeedableRandomSampler`
+drawing its permutation from ``seed + epoch``. Either way every process holds the same permutation and takes its
+share of it, and ``state_dict`` keeps what a pass resumed mid-epoch needs to draw its order again.
 """
 
 from __future__ import annotations
@@ -107,14 +110,25 @@ def random_sampler_indices(sampler: RandomSampler, generator: torch.Generator | 
     if gen is None:
         gen = torch.Generator()
         gen.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return torch.cat([draw(gen) for _, draw in _random_sampler_draws(sampler)])
+
+
+def _random_sampler_draws(sampler: RandomSampler) -> list[tuple[int, Callable[[torch.Generator], torch.Tensor]]]:
+    """The draws `RandomSampler.__iter__` makes, in order: (position of the first index it yields, the draw).
+
+    Its ``__iter__`` is a generator: each draw happens when the index at its position is first asked for.
+    """
     n, m = len(sampler.data_source), sampler.num_samples
+
+    def randint(size: int) -> Callable[[torch.Generator], torch.Tensor]:
+        return lambda gen: torch.randint(high=n, size=(size,), dtype=torch.int64, generator=gen)
+
+    def randperm(keep: int | None) -> Callable[[torch.Generator], torch.Tensor]:
+        return lambda gen: torch.randperm(n, generator=gen)[:keep]
+
     if sampler.replacement:
-        parts = [torch.randint(high=n, size=(32,), dtype=torch.int64, generator=gen) for _ in range(m // 32)]
-        parts.append(torch.randint(high=n, size=(m % 32,), dtype=torch.int64, generator=gen))
-    else:
-        parts = [torch.randperm(n, generator=gen) for _ in range(m // n)]
-        parts.append(torch.randperm(n, generator=gen)[: m % n])
-    return torch.cat(parts)
+        return [(32 * j, randint(32)) for j in range(m // 32)] + [(32 * (m // 32), randint(m % 32))]
+    return [(n * j, randperm(None)) for j in range(m // n)] + [(n * (m // n), randperm(m % n))]
 
 
 def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocking: bool = False) -> Any:
@@ -500,11 +514,16 @@ class DataLoaderShard(DataLoader):
         resume, progress.resume = progress.resume, None
         in_place = self._fetched_in_place and isinstance(self._shard, BatchSamplerShard)  # read by _batches' fetcher
         replay = resume[1] if resume is not None and resume[0] == progress.epoch else None
-        return self._run_pass(self._batches(skip, replay), progress, None if in_place else self.device)
+        return self._run_pass(lambda: self._batches(skip, replay), progress, None if in_place else self.device)
 
-    def _run_pass(self, batches: Iterator[Any], progress: _Progress, device: torch.device | None) -> Iterator[Any]:
+    def _run_pass(
+        self, start: Callable[[], Iterator[Any]], progress: _Progress, device: torch.device | None
+    ) -> Iterator[Any]:
+        # `start` runs when the first batch is asked for, as in Accelerate's loader (a generator): the RNGs are
+        # synchronized and drawn from then, so loaders iterated together (zip) draw in the same order as there.
         non_blocking = self.non_blocking
         try:
+            batches = start()
             current = next(batches, _END)
             if current is _END:
                 progress.complete = True
@@ -520,7 +539,38 @@ class DataLoaderShard(DataLoader):
         finally:
             self._pass_skip = None
             progress.end = False  # the pass is over: gather_for_metrics must not trim other loaders' batches
+            if not progress.complete:
+                self._undraw_unreached(progress)
             progress.advance()
+
+    def _undraw_unreached(self, progress: _Progress) -> None:
+        """Leave the sampler's generator as a plain loader left behind leaves it, for a pass left before its end.
+
+        A `RandomSampler` draws its order in parts, each when its first index is asked for (the last, possibly
+        empty, part at the end). We draw the whole order at once; this puts the generator back to the draws that
+        the batches asked for so far had made, counting the batches loaded ahead (one, plus the workers' prefetch).
+        """
+        shard, generator = self._shard, self._order_generator()
+        sampler = _inner_sampler(shard)
+        if generator is None or "generator" not in progress.record or type(sampler) is not RandomSampler:
+            return
+        if not isinstance(shard, BatchSamplerShard) or not shard.arithmetic:
+            return
+        ahead = 1 + (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
+        produced = progress.position + ahead  # batches of this process the loader asked its batch sampler for
+        if produced >= len(shard):
+            return  # the batch sampler was read to its end: every part was drawn
+        # the last batch of the batch sampler read: a round of `num_processes` batches per batch (one when split)
+        read = produced - 1 if shard.split_batches else produced * shard.num_processes - 1
+        size = shard.batch_sampler.batch_size
+        replay = torch.Generator()
+        replay.set_state(progress.record["generator"])
+        if self.generator is generator:
+            torch.empty((), dtype=torch.int64).random_(generator=replay)
+        for first, draw in _random_sampler_draws(sampler):
+            if first // size <= read:
+                draw(replay)
+        generator.set_state(replay.get_state())
 
     def _batches(self, skip: int, replay: dict[str, torch.Tensor] | None) -> Iterator[Any]:
         """Raw batches of this pass, starting at batch ``skip``.

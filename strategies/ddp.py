@@ -74,6 +74,17 @@ class DDPStrategy(Strategy):
             self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
         self.ddp_kwargs.update(ddp_options or {})
         _check_comm_hook(comm_hook, comm_wrapper, comm_state_option)
+        if comm_hook == "batched_power_sgd" and not _batched_power_sgd_works():
+            raise NotImplementedError(
+                f"comm_hook='batched_power_sgd' fails in torch {torch.__version__}: its batched_powerSGD_hook hands one matrix to "
+                "_orthogonalize, which asserts a batch of matrices, so the first compressed backward raises a bare AssertionError; "
+                "use comm_hook='power_sgd'"
+            )
+        if "bf16" in (comm_hook, comm_wrapper) and self.backend not in ("nccl", "xccl"):
+            raise ValueError(
+                f"the bf16 DDP communication hook (comm_hook={comm_hook!r}, comm_wrapper={comm_wrapper!r}) needs NCCL 2.10+ on CUDA "
+                f"or XCCL on XPU (torch's requirement), but this run uses backend={self.backend!r}; use 'fp16' instead"
+            )
         self.comm_hook: dict[str, Any] | None = {"hook": comm_hook, "wrapper": comm_wrapper, "state_option": dict(comm_state_option or {})} if comm_hook else None
         self._owns_group = False
 
@@ -159,6 +170,17 @@ def _check_comm_hook(hook: str | None, wrapper: str | None, state_option: dict[s
         raise ValueError(f"comm_wrapper={wrapper!r} must be 'fp16' or 'bf16', around a comm_hook")
     if state_option and hook not in ("power_sgd", "batched_power_sgd"):
         raise ValueError(f"comm_state_option={state_option!r} configures PowerSGD; set comm_hook='power_sgd' or drop it")
+
+
+def _batched_power_sgd_works() -> bool:
+    """Whether torch's batched PowerSGD hook can orthogonalize the single matrix it passes (not in torch 2.13)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    try:
+        powerSGD_hook._orthogonalize(torch.ones(2, 1))
+    except AssertionError:
+        return False
+    return True
 
 
 def register_comm_hook(model: nn.Module, hook: str, wrapper: str | None = None, state_option: dict[str, Any] | None = None) -> None:

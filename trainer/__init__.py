@@ -24,6 +24,15 @@ _EXPORTS = {
     "DeepSpeedPlugin": "trainer.accelerator.config",
     "FullyShardedDataParallelPlugin": "trainer.accelerator.config",
     "TorchDynamoPlugin": "trainer.accelerator.config",
+    "AutocastKwargs": "trainer.accelerator.kwargs",
+    "DDPCommunicationHookType": "trainer.accelerator.kwargs",
+    "GradScalerKwargs": "trainer.accelerator.kwargs",
+    "InitProcessGroupKwargs": "trainer.accelerator.kwargs",
+    "ProfileKwargs": "trainer.accelerator.kwargs",
+    "find_executable_batch_size": "trainer.utils",
+    "synchronize_rng_states": "trainer.utils",
+    "is_rich_available": "trainer.utils",
+    "skip_first_batches": "trainer.data_loader",
     "PartialState": "trainer.accelerator.layout",
     "AcceleratorState": "trainer.accelerator.layout",
     "Trainer": "trainer.fit.trainer",
@@ -62,7 +71,10 @@ def __getattr__(name: str) -> Any:
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     else:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+        # lazy: `import trainer` stays cheap; Accelerate names not provided come with their reason (trainer.unsupported)
+        from trainer.unsupported import unsupported_names
+
+        return unsupported_names(__name__)(name)
     globals()[name] = value
     return value
 

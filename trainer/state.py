@@ -1,5 +1,16 @@
 """Accelerate's ``accelerate.state`` under the renamed import: ``from trainer.state import PartialState``."""
 
+from trainer.accelerator import layout
 from trainer.accelerator.layout import AcceleratorState, DistributedType, PartialState
+from trainer.unsupported import unsupported_names
 
-__all__ = ["AcceleratorState", "DistributedType", "PartialState"]
+
+def is_initialized() -> bool:
+    """Whether this process's layout is set up (an `Accelerator` or a `PartialState()` was made), as Accelerate's."""
+    return bool(layout._shared)
+
+
+__all__ = ["AcceleratorState", "DistributedType", "PartialState", "is_initialized"]
+
+# Accelerate names deliberately not provided (GradientState, SharedDict, ...): see trainer.unsupported
+__getattr__ = unsupported_names(__name__)

@@ -21,10 +21,19 @@ from callbacks.trackers import (
     on_main_process,
     register_tracker_class,
 )
+from trainer.unsupported import unsupported_names
 
 filter_trackers = available_trackers
+get_available_trackers = available_trackers
+
+# Accelerate's LoggerType -> tracker class (the trackers here are the same classes)
+LOGGER_TYPE_TO_CLASS = {
+    "aim": AimTracker, "comet_ml": CometMLTracker, "mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandBTracker,
+    "clearml": ClearMLTracker, "dvclive": DVCLiveTracker, "swanlab": SwanLabTracker, "trackio": TrackioTracker,
+}
 
 __all__ = [
+    "LOGGER_TYPE_TO_CLASS",
     "AimTracker",
     "CSVTracker",
     "ClearMLTracker",
@@ -39,6 +48,10 @@ __all__ = [
     "WandBTracker",
     "available_trackers",
     "filter_trackers",
+    "get_available_trackers",
     "on_main_process",
     "register_tracker_class",
 ]
+
+# Accelerate names deliberately not provided (its module logger): see trainer.unsupported
+__getattr__ = unsupported_names(__name__)

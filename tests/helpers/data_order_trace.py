@@ -105,8 +105,12 @@ def _loader(case: str) -> tuple[DataLoader, dict[str, Any], Callable[[], None] |
     """The case's loader, the DataLoaderConfiguration arguments, and what runs right after `prepare`."""
     config: dict[str, Any] = {}
     after = None
-    if case == "shuffle":
+    if case in ("shuffle", "device_specific", "rng_torch", "skip_first", "break_first", "zip"):
         return DataLoader(Ids(), batch_size=3, shuffle=True), config, None
+    if case == "workers":
+        return DataLoader(Ids(), batch_size=3, shuffle=True, num_workers=2), config, None
+    if case == "seedable_device_specific":
+        return DataLoader(Ids(), batch_size=3, shuffle=True), {"use_seedable_sampler": True}, None
     if case == "sequential":
         return DataLoader(Ids(), batch_size=3), config, None
     if case == "generator":
@@ -163,8 +167,16 @@ CASES = (
     "shuffle", "sequential", "generator", "generator_reseeded", "sampler_generator", "sampler_replacement",
     "sampler_subset", "sampler_weighted", "sampler_global", "batch_sampler_as_sampler", "custom_batch_sampler",
     "seedable", "seedable_data_seed", "seedable_generator", "data_seed_alone", "split_batches", "uneven", "drop_last",
-    "augmented", "iterable", "iterable_no_dispatch", "iterable_split", "iterable_drop_last",
+    "augmented", "iterable", "iterable_no_dispatch", "iterable_split", "iterable_drop_last", "workers", "device_specific",
+    "rng_torch", "skip_first", "break_first", "seedable_device_specific", "zip",
 )
+
+# Where we differ from Accelerate 1.15 on purpose (docs/migrating-from-accelerate.md): {(processes, case): why}.
+KNOWN_DIFFERENCES = {
+    ("1", "batch_sampler_as_sampler"): "Accelerate raises TypeError (batch_size given twice) on one process; we load it",
+    ("2", "seedable_device_specific"): "Accelerate seeds each process's SeedableRandomSampler with its own seed, so the "
+    "processes' orders overlap; we take process 0's seed so every sample is seen once per epoch",
+}
 
 
 def rng_hash() -> str:
@@ -177,18 +189,26 @@ def trace(framework: str, case: str) -> dict[str, Any]:
     accelerate = importlib.import_module(framework)
     utils = importlib.import_module(f"{framework}.utils")
     _, config, _ = _loader(case)
-    accelerator = accelerate.Accelerator(cpu=True, dataloader_config=utils.DataLoaderConfiguration(**config))
-    utils.set_seed(42)
+    rng_types = ["torch", "generator"] if case == "rng_torch" else None
+    accelerator = accelerate.Accelerator(cpu=True, dataloader_config=utils.DataLoaderConfiguration(**config), rng_types=rng_types)
+    utils.set_seed(42, device_specific=case.endswith("device_specific"))
     loader, _, after = _loader(case)
     prepared = accelerator.prepare(loader)
+    if case == "zip":  # a second shuffling loader iterated alongside: batches are (first, second) pairs
+        second = accelerator.prepare(DataLoader(Ids(), batch_size=2, shuffle=True))
     if after is not None:
         after()
     out: dict[str, Any] = {"prepared": rng_hash(), "epochs": []}
-    for _ in range(EPOCHS):
+    for epoch in range(EPOCHS + (case == "break_first")):
         batches = []
-        for batch in prepared:
+        active = accelerator.skip_first_batches(prepared, 2) if case == "skip_first" and epoch == 0 else prepared
+        if case == "zip":
+            active = (torch.cat(pair) for pair in zip(prepared, second))
+        for batch in active:
             batches.append([batch.tolist(), rng_hash()])
             torch.rand(2)  # dropout
+            if case == "break_first" and epoch == 0 and len(batches) == 2:
+                break
         out["epochs"].append(batches)
     return out
 

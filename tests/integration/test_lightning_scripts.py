@@ -166,3 +166,75 @@ def test_two_process_ddp(tmp_path: Path) -> None:
     assert out["train_samples"] == 64  # this process's half, twice
     assert out["predictions"] == 64 and out["predictions_in_order"] and out["same_weights_on_ranks"]
     assert Path(out["best_model_path"]).name == "epoch=1-step=8"
+
+
+# What Lightning 2.6.6 printed for optimizer_step_warmup.py (run with it in a side environment): global_step, epoch,
+# the first weight, the bias, and what the hooks saw ([epoch, batch_idx, global_step, lr] per optimizer_step call;
+# [gradient_clip_val, algorithm == "value", the largest gradient before clipping] per configure_gradient_clipping call)
+_WARMUP_LIGHTNING = {
+    "warmup": (12, 2, [2.9797070026397705, 2.9858365058898926], [-0.019476676359772682],
+               [[0, 0, 0, 0.025], [0, 1, 1, 0.05], [0, 2, 2, 0.075], [0, 3, 3, 0.1], [0, 4, 4, 0.1], [0, 5, 5, 0.1],
+                [1, 0, 6, 0.1], [1, 1, 7, 0.1], [1, 2, 8, 0.1], [1, 3, 9, 0.1], [1, 4, 10, 0.1], [1, 5, 11, 0.1]]),
+    "warmup_accumulate": (4, 2, [1.2438055276870728, 1.7492091655731201], [-0.35497304797172546],
+                          [[0, 3, 0, 0.025], [0, 5, 1, 0.05], [1, 3, 2, 0.075], [1, 5, 3, 0.1]]),
+    "clipping": (12, 2, [0.006706019397825003, 0.3913227319717407], [-0.5819807648658752],
+                 [[None, False, 7.27599573135376], [None, False, 15.918280601501465], [None, False, 8.846294403076172]]),
+    "clipping_trainer_value": (12, 2, [0.006706019397825003, 0.3913227319717407], [-0.5819807648658752],
+                               [[None, True, 7.27599573135376], [None, True, 15.918280601501465], [None, True, 8.846294403076172]]),
+}
+
+
+def test_optimizer_step_warmup_and_configure_gradient_clipping(tmp_path: Path) -> None:
+    """Lightning's warm-up recipe (optimizer_step calling optimizer.step(closure=optimizer_closure)) with and without
+    accumulation, and a configure_gradient_clipping override: the same steps, learning rates and weights as Lightning."""
+    out = run_script("optimizer_step_warmup.py", tmp_path)
+    for run, (global_step, epoch, weight, bias, seen) in _WARMUP_LIGHTNING.items():
+        assert (out[run]["global_step"], out[run]["epoch"]) == (global_step, epoch), run
+        assert out[run]["weight"] == pytest.approx(weight, rel=1e-6) and out[run]["bias"] == pytest.approx(bias, rel=1e-6), run
+        assert len(out[run]["seen"]) == global_step, run
+        for got, expected in zip(out[run]["seen"], seen):
+            assert [g if e is None or isinstance(e, bool) else pytest.approx(g, rel=1e-6) for g, e in zip(got, expected)] == expected, run
+
+
+# What Lightning 2.6.6 printed for module_extras.py (run with it in a side environment)
+_EXTRAS_LIGHTNING = json.loads(
+    '{"from_datasets": [4, true, 2, [1, 2], false], "early_stopping_monitors": ["val_loss"], "recorders": 1, "after_fit": [true, false], '
+    '"after_test": [true, false], "after_predict": [true, false], "calls": ["configure_callbacks", "setup", "Recorder.on_fit_start", '
+    '"on_validation_model_eval", "on_validation_start", "validation_step training=False frozen=False", "on_validation_end", '
+    '"on_validation_model_train", "configure_callbacks", "setup", "on_test_model_eval", "test_step training=False", '
+    '"configure_callbacks", "setup", "on_predict_model_eval", "setup"], "partial_loaded": true, "strict_conflict": true, '
+    '"traced": [true, true, true], "toggled": [[true, true, true, true, true, true, false, false], [true, true, true, true, true, true, '
+    'true, true]]}'
+)
+
+
+def test_module_extras_as_lightning(tmp_path: Path) -> None:
+    """toggled_optimizer, configure_callbacks (replacing the Trainer's EarlyStopping, before setup), the evaluation model
+    hooks (an on_validation_model_train override keeps a frozen layer in eval mode; other submodules' modes restored),
+    example_input_array with to_torchscript, strict_loading, DataModule.from_datasets: what Lightning 2.6.6 printed."""
+    assert run_script("module_extras.py", tmp_path) == _EXTRAS_LIGHTNING
+
+
+
+# What Lightning 2.6.6 printed for combined_loaders.py (run with it in a side environment)
+_COMBINED_LIGHTNING = json.loads(
+    "{\"dict\": {\"global_step\": 3, \"num_training_batches\": 3, \"seen\": [[0, {\"a\": [0.0, 1.0], \"b\": [100.0, 101.0]}], [1, {\"a\": ["
+    "2.0, 3.0], \"b\": [102.0, 103.0]}], [2, {\"a\": [0.0, 1.0], \"b\": [104.0, 105.0]}]], \"val_seen\": [[0, 0, [10.0, 11.0]], [1, 0"
+    ", [20.0, 21.0]], [1, 1, [22.0, 23.0]]], \"metrics\": [\"val_loss/dataloader_idx_0\", \"val_loss/dataloader_idx_1\"], \"weight\":"
+    " 16051.525390625}, \"list\": {\"global_step\": 3, \"num_training_batches\": 3, \"seen\": [[0, {\"0\": [0.0, 1.0], \"1\": [100.0, 101"
+    ".0]}], [1, {\"0\": [2.0, 3.0], \"1\": [102.0, 103.0]}], [2, {\"0\": [0.0, 1.0], \"1\": [104.0, 105.0]}]], \"val_seen\": [], \"metri"
+    "cs\": [], \"weight\": 16051.525390625}, \"min_size\": {\"global_step\": 2, \"num_training_batches\": 2, \"seen\": [[0, {\"a\": [0.0, "
+    "1.0], \"b\": [100.0, 101.0]}], [1, {\"a\": [2.0, 3.0], \"b\": [102.0, 103.0]}]], \"val_seen\": [], \"metrics\": [], \"weight\": -767"
+    ".9849853515625}, \"max_size\": {\"global_step\": 3, \"num_training_batches\": 3, \"seen\": [[0, {\"a\": [0.0, 1.0], \"b\": [100.0, 1"
+    "01.0]}], [1, {\"a\": [2.0, 3.0], \"b\": [102.0, 103.0]}], [2, {\"a\": null, \"b\": [104.0, 105.0]}]], \"val_seen\": [], \"metrics\":"
+    " [], \"weight\": 16050.748046875}, \"limited\": {\"global_step\": 2, \"num_training_batches\": 2, \"seen\": [[0, {\"a\": [0.0, 1.0],"
+    " \"b\": [100.0, 101.0]}], [1, {\"a\": [2.0, 3.0], \"b\": [102.0, 103.0]}]], \"val_seen\": [], \"metrics\": [], \"weight\": -767.9849"
+    "853515625}}"
+)
+
+
+def test_several_train_loaders_and_combined_loader_modes(tmp_path: Path) -> None:
+    """A dict and a list of training loaders (max_size_cycle), CombinedLoader in min_size and max_size modes and with
+    limit_train_batches, and a dict of validation loaders: the batches, steps, metric names and weights Lightning 2.6.6
+    gave."""
+    assert run_script("combined_loaders.py", tmp_path) == _COMBINED_LIGHTNING

@@ -136,7 +136,7 @@ def main(root: Path, signame: str) -> None:
 
     class Signaller(Callback):
         def on_after_backward(self, trainer: Any, module: Any) -> None:
-            if trainer.global_step != SIGNAL_AT or trainer.fit_loop_state["accumulation_position"] != 0:
+            if trainer.global_step != SIGNAL_AT or trainer.fit_progress.accumulation_position != 0:
                 return
             if signame == "external":
                 if trainer.is_global_zero and not (root / "reached.txt").exists():

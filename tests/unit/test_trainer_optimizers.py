@@ -369,11 +369,12 @@ def test_fit_goes_through_a_strategy_that_overrides_backward_and_step(tmp_path: 
     assert torch.equal(weights[0], weights[1]) and torch.equal(weights[0], weights[2])
 
 
-@pytest.mark.parametrize("hook", ["optimizer_step", "optimizer_zero_grad"])
+@pytest.mark.parametrize("hook", ["optimizer_zero_grad"])
 def test_lightning_optimizer_hooks_are_refused_not_ignored(tmp_path: Any, hook: str) -> None:
-    """A module ported from Lightning with an ``optimizer_step`` (a learning-rate warmup, say) or ``optimizer_zero_grad``
-    override: fit refuses it before training, naming the hook and where its work goes, instead of training without
-    it. In manual optimization Lightning does not call them either, so there they are left alone."""
+    """A module ported from Lightning with an ``optimizer_zero_grad`` override: fit refuses it before training, naming
+    the hook and where its work goes, instead of training without it (``optimizer_step`` overrides run: see
+    tests/unit/test_module_lightning_hooks.py). In manual optimization Lightning does not call it either, so there it
+    is left alone."""
 
     def warmup(self: TrainModule, *args: Any, **kwargs: Any) -> None:
         raise AssertionError("never called")
@@ -381,7 +382,7 @@ def test_lightning_optimizer_hooks_are_refused_not_ignored(tmp_path: Any, hook: 
     Ported = type("Ported", (Linear,), {hook: warmup})
     module = Ported(lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
     before = module.layer.weight.detach().clone()
-    with pytest.raises(NotImplementedError, match=rf"Ported defines {hook}\(\).*on_before_optimizer_step.*automatic_optimization = False"):
+    with pytest.raises(NotImplementedError, match=rf"Ported defines {hook}\(\).*on_before_zero_grad.*automatic_optimization = False"):
         _fit(module, tmp_path, max_epochs=1)
     assert torch.equal(module.layer.weight, before)  # nothing trained
 

@@ -103,7 +103,7 @@ class StreamNet(TrainModule):
 
     def on_validation_start(self) -> None:
         if not self.trainer.sanity_checking:
-            self.validations.append((self.trainer.current_epoch, self.trainer.fit_loop_state["batches_done_in_epoch"]))
+            self.validations.append((self.trainer.current_epoch, self.trainer.fit_progress.batches_done_in_epoch))
 
     def on_train_epoch_end(self) -> None:
         self.epoch_ends.append(self.trainer.current_epoch)

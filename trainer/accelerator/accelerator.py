@@ -71,7 +71,8 @@ class Accelerator(ProcessLayout):
         even_batches: complete the last batches by wrapping around so every rank gets as many batches.
         dataloader_config: a `DataLoaderConfiguration` (its flags win over the two above).
         device_placement: move models and batches to the device.
-        rng_types: accepted for compatibility; shuffling is always seeded identically on every rank.
+        rng_types: the RNGs made equal on every process (from process 0's) when a pass over a prepared loader starts:
+            ``"generator"`` (the sampler's; the default), ``"torch"``, ``"cuda"``. See docs/data.md.
         cpu: force CPU even when an accelerator is present.
         strategy: ``"auto"``, ``"single"``, ``"ddp"``, ``"fsdp"`` or a `Strategy`.
         log_with: tracker name(s), `LoggerType`, tracker instances, or ``"all"``.
@@ -161,7 +162,7 @@ class Accelerator(ProcessLayout):
         self.stepper = Stepper(self.strategy, self.gradient_plugin)  # the step: boundaries, backward, clip, optimizer step
         self.checkpoints = CheckpointStore(self.strategy)  # every save of this run, the one in flight, the layout on disk
         self.device_placement = device_placement
-        self.rng_types = rng_types
+        self.rng_types = _checked_rng_types(rng_types)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.flag_tensor: torch.Tensor | None = None
         self._signals = SignalRecorder()  # trigger_on_signals' handlers record here
@@ -170,6 +171,7 @@ class Accelerator(ProcessLayout):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
+        self.checkpoint_parts: list[Any] = []  # what a Trainer adds to every checkpoint (`state.Part`s)
         self._data_seed: int | None = self.dataloader_config.data_seed
         self._log_with = log_with
         self._trackers: Any = None
@@ -403,10 +405,14 @@ class Accelerator(ProcessLayout):
             return data_loader
         if self.use_distributed:
             _check_same_length(self.strategy, data_loader)
-        if self._data_seed is None:
-            # Every rank must shuffle with the same seed: draw it on rank 0 (from torch's seeded RNG) and share it.
-            seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
-            self._data_seed = int(self.strategy.broadcast_object(seed, 0))
+        config = self.dataloader_config
+        seed = None
+        if config.use_seedable_sampler:
+            # Accelerate's seed: data_seed, else the one set_seed set. Taken from process 0, so that processes seeded
+            # differently (set_seed(device_specific=True)) still share one order: every sample once per epoch.
+            seed = config.data_seed if config.data_seed is not None else torch.random.initial_seed()
+            seed = self._data_seed = int(self.strategy.broadcast_object(seed, 0))
+        several = shard and self.num_processes > 1
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
@@ -415,8 +421,10 @@ class Accelerator(ProcessLayout):
             split_batches=self.split_batches and shard,
             even_batches=self.even_batches if even_batches is None else bool(even_batches),
             put_on_device=self.device_placement if device_placement is None else device_placement,
-            non_blocking=self.dataloader_config.non_blocking,
-            seed=self._data_seed,
+            non_blocking=config.non_blocking,
+            seed=seed,
+            dispatch_batches=config.dispatch_batches,
+            synchronize=_rng_synchronizer(self.strategy, self.rng_types) if several and self.rng_types else None,
         )
         if register:
             self._dataloaders.append(prepared)
@@ -806,6 +814,45 @@ def _check_tensors(data: Any, name: str, instead: str) -> None:
                         f"use {instead}() for other objects")
     for _, value in items:
         _check_tensors(value, name, instead)
+
+
+_RNG_TYPES = ("generator", "torch", "cuda")
+
+
+def _checked_rng_types(rng_types: Any) -> list[str]:
+    """Accelerate's ``rng_types`` as names (default ``["generator"]``); a type this machine cannot synchronize is refused."""
+    if rng_types is None:
+        return ["generator"]
+    if isinstance(rng_types, str) or not all(isinstance(getattr(kind, "value", kind), str) for kind in rng_types):
+        raise TypeError(f"rng_types={rng_types!r} must be a list of names, e.g. ['generator'] or ['torch', 'generator']")
+    names = [str(getattr(kind, "value", kind)) for kind in rng_types]
+    bad = [name for name in names if name not in _RNG_TYPES or (name == "cuda" and not torch.cuda.is_available())]
+    if bad:
+        raise ValueError(
+            f"rng_types={names!r}: {bad[0]!r} cannot be synchronized here; choose from {list(_RNG_TYPES)} "
+            "('cuda' needs a CUDA device), or leave rng_types out (['generator'])"
+        )
+    return names
+
+
+def _rng_synchronizer(strategy: Strategy, rng_types: list[str]) -> Any:
+    """What a prepared loader calls as each pass starts: set the ``rng_types`` RNGs to process 0's (Accelerate's
+    ``synchronize_rng_states``); the sampler's generator only where it has one."""
+
+    def from_first(state: torch.Tensor) -> torch.Tensor:
+        shared: torch.Tensor = strategy.broadcast(state.to(strategy.device), 0)
+        return shared.cpu()
+
+    def synchronize(generator: torch.Generator | None) -> None:
+        for kind in rng_types:
+            if kind == "torch":
+                torch.set_rng_state(from_first(torch.get_rng_state()))
+            elif kind == "cuda":
+                torch.cuda.set_rng_state(from_first(torch.cuda.get_rng_state()))
+            elif generator is not None:
+                generator.set_state(from_first(generator.get_state()))
+
+    return synchronize
 
 
 def _check_same_length(strategy: Strategy, data_loader: Any) -> None:

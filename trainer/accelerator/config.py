@@ -60,12 +60,16 @@ class DataLoaderConfiguration:
     (``state_dict()``/``load_state_dict()`` resume at the next batch, and `save_state` records the position),
     with or without torchdata, so the flag changes nothing. The loader is ours, not a torchdata
     ``StatefulDataLoader``.
+
+    ``dispatch_batches`` (default: on for iterable data sets whose batches go to the device) gives an iterable data
+    set the order of Accelerate's ``DataLoaderDispatcher``; every process reads the stream and keeps its part, nothing
+    is broadcast. For a map-style data set ``dispatch_batches=True`` is refused when the loader is prepared.
     """
 
     split_batches: bool = False
     even_batches: bool = True
     dispatch_batches: bool | None = None
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     non_blocking: bool = False
     data_seed: int | None = None
     use_stateful_dataloader: bool = False
@@ -73,11 +77,8 @@ class DataLoaderConfiguration:
     def __post_init__(self) -> None:
         if not isinstance(self.use_stateful_dataloader, bool):
             raise TypeError(f"use_stateful_dataloader={self.use_stateful_dataloader!r} must be True or False")
-        if self.dispatch_batches:
-            raise NotImplementedError(
-                "dispatch_batches=True (rank 0 loads and scatters every batch) is not supported; every rank loads its own shard. "
-                "Leave dispatch_batches unset"
-            )
+        if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
+            raise TypeError(f"dispatch_batches={self.dispatch_batches!r} must be True, False or None (Accelerate's default)")
 
 
 @dataclass

@@ -194,7 +194,7 @@ class GradScalerKwargs(KwargsHandler):
 class InitProcessGroupKwargs(KwargsHandler):
     """The process group's settings: ``timeout`` (a ``timedelta`` or seconds) bounds every collective's wait;
     ``backend`` (``"gloo"``, ``"nccl"``, ...) replaces the one chosen from the device when set to something other
-    than Accelerate's default ``"nccl"``. ``init_method`` is refused: the launcher's environment (``env://``) is used.
+    than Accelerate's default ``"nccl"``. ``init_method`` other than ``"env://"`` is refused: the launcher's environment is used.
 
     Without a ``timeout`` the Accelerate defaults apply (1800 s; 600 s for nccl), as in Accelerate.
     """
@@ -210,7 +210,7 @@ class InitProcessGroupKwargs(KwargsHandler):
             self.timeout = datetime.timedelta(seconds=float(self.timeout))
         if not isinstance(self.timeout, datetime.timedelta) or self.timeout.total_seconds() <= 0:
             raise ValueError(f"InitProcessGroupKwargs(timeout={self.timeout!r}) must be a positive datetime.timedelta (or seconds)")
-        if self.init_method is not None:
+        if self.init_method not in (None, "env://"):
             raise ValueError(
                 f"InitProcessGroupKwargs(init_method={self.init_method!r}) is not supported: processes find each other through "
                 "the launcher's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; init_method='env://'). Drop init_method "

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from strategies import checkpoint_io as io
 from strategies import checkpoint_store as store
@@ -24,6 +25,71 @@ from strategies.checkpoint_store import Write
 
 if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Part:
+    """One named entry of a checkpoint besides the weights and RNG states: `file` holds what ``obj.state_dict()``
+    returns, as ``"torch"`` (tensors and plain containers, read back with ``weights_only``) or ``"json"``.
+    `optional`: an empty state is not written, and a checkpoint without the file loads (nothing to restore)."""
+
+    file: str
+    kind: str
+    obj: Stateful
+    optional: bool = False
+
+
+def checkpoint_parts(accelerator: Accelerator, extra_state: dict[str, Any] | None = None) -> list[Part]:
+    """Everything a checkpoint holds besides the weights and RNG states, by name: the same list saves and loads."""
+    parts = [Part(store.scheduler_file(i), "torch", sched) for i, sched in enumerate(accelerator._schedulers)]
+    parts.append(Part(store.SCALER, "torch", accelerator.strategy.precision, optional=True))
+    parts += [Part(store.custom_file(i), "torch", obj) for i, obj in enumerate(accelerator._custom_objects)]
+    parts.append(Part(store.DATALOADERS, "json", _LoaderPositions(accelerator)))
+    registered = accelerator.checkpoint_parts  # the Trainer's (its state in extra_state.json, hparams.json)
+    if extra_state is not None and any(part.file == store.EXTRA_STATE for part in registered):
+        raise ValueError("save_state(extra_state=...) is the Accelerator face's; a Trainer saves its own state there")
+    if not any(part.file == store.EXTRA_STATE for part in registered):
+        parts.append(Part(store.EXTRA_STATE, "json", _Extra(extra_state or {})))
+    return parts + list(registered)
+
+
+class _LoaderPositions:
+    """The prepared loaders' positions, the data seed and the step counter (``dataloaders.json``)."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+
+    def state_dict(self) -> dict[str, Any]:
+        acc = self.accelerator
+        loaders = [loader.state_dict() for loader in acc._dataloaders if hasattr(loader, "state_dict")]
+        return {"dataloaders": loaders, "data_seed": acc._data_seed, "step": acc.step}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        acc = self.accelerator
+        acc._data_seed = data.get("data_seed", acc._data_seed)
+        acc.step = int(data.get("step", 0))
+        loaders = [loader for loader in acc._dataloaders if hasattr(loader, "load_state_dict")]
+        for loader, state in zip(loaders, data.get("dataloaders", [])):
+            loader.load_state_dict(state)
+
+
+class _Extra:
+    """``save_state(extra_state=...)``: a JSON object saved as it is and returned by `load_state`."""
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.value
+
+    def load_state_dict(self, value: Any) -> None:
+        self.value = value
+
 
 def _automatic_dir(accelerator: Accelerator) -> Path:
     project_dir = accelerator.project_configuration.project_dir
@@ -37,15 +103,14 @@ def save_state(
     output_dir: str | os.PathLike | None = None,
     *,
     extra_state: dict[str, Any] | None = None,
-    extra_json: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
     async_save: bool = False,
 ) -> Any:
     """Write a checkpoint directory and return its path (see the module docstring), or with `async_save` a
     `strategies.checkpoint_store.PendingSave` as soon as the state is copied (the files are written in the background).
 
-    `extra_json` adds JSON files (name -> data) and `meta` manifest entries; the `Trainer` passes its
-    ``hparams.json`` and loop position this way, so both faces write one directory with one manifest.
+    What it holds besides the weights and RNG states is `checkpoint_parts` (a `Trainer` adds its own); `meta` adds
+    manifest entries (the Trainer's step and epoch, by which the newest checkpoint is found).
     """
     if not isinstance(async_save, bool):
         raise TypeError(f"save_state(async_save={async_save!r}) must be True or False")
@@ -70,7 +135,8 @@ def save_state(
     def collect(staging: Staging | None) -> Write:
         write_weights = strategy.collect_checkpoint(accelerator._models, [opt.optimizer for opt in accelerator._optimizers], staging)
         rng_tensors, rng_meta = io.capture_rng_state()  # (fresh tensors: nothing to copy)
-        shared = _shared_states(accelerator, extra_state, extra_json) if main else {}
+        states = [(part, part.obj.state_dict()) for part in checkpoint_parts(accelerator, extra_state)]  # every process (hooks)
+        shared = {part.file: (part.kind, state) for part, state in states if main and (state or not part.optional)}
         if staging is not None:
             shared = staging.copy("shared", shared)
 
@@ -117,24 +183,6 @@ def same_directory_everywhere(accelerator: Accelerator, path: Path, what: str) -
             "its name (accelerator.gather_object([name])[0] or broadcast_object_list), or use "
             "ProjectConfiguration(automatic_checkpoint_naming=True)"
         )
-
-
-def _shared_states(accelerator: Accelerator, extra_state: dict[str, Any] | None, extra_json: dict[str, Any] | None) -> dict[str, tuple[str, Any]]:
-    """What the main process saves besides the weights: file name -> (``"torch"`` or ``"json"``, state)."""
-    shared: dict[str, tuple[str, Any]] = {}
-    for i, sched in enumerate(accelerator._schedulers):
-        shared[store.scheduler_file(i)] = ("torch", sched.state_dict())
-    scaler = accelerator.strategy.precision.state_dict()
-    if scaler:
-        shared[store.SCALER] = ("torch", scaler)
-    for i, obj in enumerate(accelerator._custom_objects):
-        shared[store.custom_file(i)] = ("torch", obj.state_dict())
-    loaders = [loader.state_dict() for loader in accelerator._dataloaders if hasattr(loader, "state_dict")]
-    shared[store.DATALOADERS] = ("json", {"dataloaders": loaders, "data_seed": accelerator._data_seed, "step": accelerator.step})
-    shared[store.EXTRA_STATE] = ("json", extra_state or {})
-    for name, data in (extra_json or {}).items():
-        shared[name] = ("json", data)
-    return shared
 
 
 def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
@@ -200,32 +248,27 @@ def load_state(
                 f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
                 "prepare the same objects as when it was saved"
             )
+    parts = checkpoint_parts(accelerator)
     with reader.agreed():
-        extra = _load_files(accelerator, reader, manifest, strict)
+        _load_files(accelerator, reader, manifest, parts, strict)
     config = accelerator.project_configuration
     if config.automatic_checkpoint_naming and (n := store.numbered_iteration(path)) is not None:
         config.iteration = n + 1
-    if not isinstance(extra, dict):
-        raise io.CheckpointError(f"{path / store.EXTRA_STATE} is not a JSON object; the checkpoint was tampered with")
-    return extra
+    extra = next((part.obj for part in parts if isinstance(part.obj, _Extra)), None)
+    return extra.value if extra is not None else {}
 
 
-def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any], strict: bool) -> Any:
-    """Every file `load_state` restores, each read (and checked) once through `reader`; returns the extra state."""
+def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any], parts: list[Part], strict: bool) -> None:
+    """Every file `load_state` restores, each read (and checked) once through `reader`."""
     path = reader.directory
     accelerator.strategy.load_checkpoint(reader, accelerator._models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
-    for i, sched in enumerate(accelerator._schedulers):
-        sched.load_state_dict(reader.torch_load(store.scheduler_file(i)))
-    if (path / store.SCALER).exists():
-        accelerator.strategy.precision.load_state_dict(reader.torch_load(store.SCALER))
-    for i, obj in enumerate(accelerator._custom_objects):
-        obj.load_state_dict(reader.torch_load(store.custom_file(i)))
-    data = reader.read_json(store.DATALOADERS)
-    accelerator._data_seed = data.get("data_seed", accelerator._data_seed)
-    accelerator.step = int(data.get("step", 0))
-    loaders = [loader for loader in accelerator._dataloaders if hasattr(loader, "load_state_dict")]
-    for loader, state in zip(loaders, data.get("dataloaders", [])):
-        loader.load_state_dict(state)
+    for part in parts:
+        if part.optional and not (path / part.file).exists():
+            continue
+        state = reader.torch_load(part.file) if part.kind == "torch" else reader.read_json(part.file)
+        if part.kind == "json" and not isinstance(state, dict):
+            raise io.CheckpointError(f"{path / part.file} is not a JSON object; the checkpoint was tampered with")
+        part.obj.load_state_dict(state)
     rng = path / store.rng_file(accelerator.process_index)
     saved_world = int(manifest.get("world_size", manifest.get("num_processes", accelerator.num_processes)))
     if rng.exists():
@@ -235,4 +278,3 @@ def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest:
             f"checkpoint {str(path)!r} has no {rng.name}: the RNG states of process {accelerator.process_index} are missing, "
             "so the run would not continue as it would have; load an intact checkpoint"
         )
-    return reader.read_json(store.EXTRA_STATE)

@@ -49,7 +49,7 @@ class TrainBatch:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.state = trainer.fit_loop_state
+        self.progress = trainer.fit_progress
         self.accelerator = acc = trainer.accelerator
         self.stepper = acc.stepper
         self.agreement = trainer.agreement
@@ -83,7 +83,7 @@ class TrainBatch:
     def __call__(self, batch: Any, batch_idx: int, last: bool) -> bool:
         """Run one batch (`last`: the epoch's last, which ends an accumulation window); return False when the
         processes agreed at its end to stop."""
-        trainer, state, hooks = self.trainer, self.state, self.hooks
+        trainer, progress, hooks = self.trainer, self.progress, self.hooks
         if trainer._moves_batches:
             batch = transfer_batch(trainer, batch, 0)
         self.results.begin_batch(batch, "train", True)  # step_context
@@ -91,7 +91,7 @@ class TrainBatch:
             hooks["on_train_batch_start"](batch, batch_idx)
         stepper = self.stepper
         if self.module.automatic_optimization:
-            boundary = stepper.at_position(state["accumulation_position"], last)
+            boundary = stepper.at_position(progress.accumulation_position, last)
             if boundary:
                 output = self.automatic(batch, batch_idx, boundary)
             else:  # inside an accumulation window all of it runs without gradient reduction
@@ -100,20 +100,20 @@ class TrainBatch:
         else:  # the user's step drives the optimizers (self.manual_backward, opt.step())
             stepper.sync_gradients = True
             output = self.manual_step(batch, batch_idx)
-        state["batches_done_in_epoch"], state["is_last_batch"] = batch_idx + 1, last
+        progress.batches_done_in_epoch, progress.is_last_batch = batch_idx + 1, last
         # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
-        state["stepping_batch_open"] = boundary = state["accumulation_position"] == 0
+        progress.stepping_batch_open = boundary = progress.accumulation_position == 0
         if "on_train_batch_end" in hooks:
             hooks["on_train_batch_end"](self.results.detached(output), batch, batch_idx)
-        if boundary and (state["batches_that_stepped"] + 1) % trainer.log_every_n_steps == 0:
-            trainer._send_to_trackers(self.results.flush_step(), state["batches_that_stepped"])
+        if boundary and (progress.batches_that_stepped + 1) % trainer.log_every_n_steps == 0:
+            trainer._send_to_trackers(self.results.flush_step(), progress.batches_that_stepped)
         if boundary and self.agreement.due():
             return not self.agreement.agree(trainer)
         return True
 
     def _automatic(self, batch: Any, batch_idx: int, boundary: bool) -> Any:
         """Step, zero_grad, backward and (on a window's last batch) the optimizer step; returns the step's output."""
-        trainer, state, hooks = self.trainer, self.state, self.hooks
+        trainer, progress, hooks = self.trainer, self.progress, self.hooks
         output = self.automatic_step(batch, batch_idx)
         loss = output if type(output) is torch.Tensor else _loss_of(output)
         skip = loss is None
@@ -136,7 +136,7 @@ class TrainBatch:
                 "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
                 stacklevel=3,
             )
-        position = state["accumulation_position"]
+        position = progress.accumulation_position
         if position == 0:  # Lightning's place: the window's first batch, after training_step
             if "on_before_zero_grad" in hooks:
                 hooks["on_before_zero_grad"](self.optimizer)
@@ -149,9 +149,9 @@ class TrainBatch:
             self.backward(loss)
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()
-            state["accumulated"] += 1
-        state["accumulation_position"] = 0 if boundary else position + 1
-        if boundary and state["accumulated"]:
+            progress.accumulated += 1
+        progress.accumulation_position = 0 if boundary else position + 1
+        if boundary and progress.accumulated:
             self.optimizer_step()
         return output
 
@@ -162,14 +162,14 @@ class TrainBatch:
         ``training_step``, ``zero_grad`` and backward. `global_step` counts the hook's call, as Lightning's."""
         if not boundary:
             return self._automatic(batch, batch_idx, boundary)
-        state, outputs = self.state, []
-        position = state["accumulation_position"]
+        progress, outputs = self.progress, []
+        position = progress.accumulation_position
 
         def optimizer_closure() -> Any:
             """``training_step`` + ``zero_grad`` (on a window's first batch) + backward; returns the loss."""
-            state["accumulation_position"] = position  # an optimizer that calls the closure again (LBFGS) reruns the batch
+            progress.accumulation_position = position  # an optimizer that calls the closure again (LBFGS) reruns the batch
             outputs.append(self._automatic(batch, batch_idx, False))  # False: the step is the hook's
-            state["accumulation_position"] = 0
+            progress.accumulation_position = 0
             output = outputs[-1]
             return output if type(output) is torch.Tensor else _loss_of(output)
 
@@ -180,8 +180,8 @@ class TrainBatch:
                 "optimizer_closure, so training_step never ran for this batch. Call optimizer.step(closure=optimizer_closure) "
                 "(or optimizer_closure() where it skips the step), as Lightning requires"
             )
-        state["global_step"] += 1
-        state["accumulated"] = 0
+        progress.global_step += 1
+        progress.accumulated = 0
         if self.trainer.lr_scheduler_configs and not self.optimizer.step_was_skipped:
             step_schedulers(self.trainer, "step", update_plateau=True)
         return outputs[-1]
@@ -226,9 +226,9 @@ class TrainBatch:
             else:
                 stepper.clip_grad_value_(params, trainer.gradient_clip_val, self.clip_optimizers)
         optimizer.step()  # the prepared optimizer: the stepper's step, and its fp16 skipped flag
-        state = self.state
-        state["global_step"] += 1
-        state["accumulated"] = 0
+        progress = self.progress
+        progress.global_step += 1
+        progress.accumulated = 0
         if trainer.lr_scheduler_configs and not optimizer.step_was_skipped:
             step_schedulers(trainer, "step", update_plateau=True)
 
@@ -262,7 +262,7 @@ class StepOptimizer:
 
         if self.closure_first:
             closure_then_before_step()
-            if batch.state["accumulated"]:  # a step whose backward was skipped is not taken (Lightning's AMP)
+            if batch.progress.accumulated:  # a step whose backward was skipped is not taken (Lightning's AMP)
                 self.optimizer.step()
         else:
             self.optimizer.step(closure_then_before_step)

@@ -26,12 +26,11 @@ from strategies import checkpoint_io
 from strategies import checkpoint_store as store
 from strategies.checkpoint_io import FORMAT_VERSION, load_weights, read_manifest, verify_checkpoint
 from strategies.checkpoint_io import is_complete as is_complete_checkpoint
-from trainer.accelerator.state import save_state
+from trainer.accelerator.state import Part, save_state
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
 
-HPARAMS_NAME = store.HPARAMS
 __all__ = ["find_last_checkpoint", "is_complete_checkpoint", "read_manifest", "restore_checkpoint", "save_checkpoint", "verify_checkpoint"]
 
 
@@ -53,12 +52,42 @@ def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_
         The checkpoint directory, or with `async_save` the `PendingSave` handle of its background write.
     """
     target = Path(dirpath).absolute()
-    extra_state = build_checkpoint_state(trainer)
-    hparams = extra_state.get("hyper_parameters") or {}
     meta = {"global_step": int(trainer.global_step), "epoch": int(trainer.current_epoch)}
-    pending = save_state(trainer.accelerator, target, extra_state=extra_state, extra_json={HPARAMS_NAME: hparams}, meta=meta,
-                         async_save=async_save)
+    pending = save_state(trainer.accelerator, target, meta=meta, async_save=async_save)
     return pending if async_save else target
+
+
+def trainer_parts(trainer: Trainer) -> list[Part]:
+    """What a Trainer adds to its accelerator's checkpoints: its state (``extra_state.json``: loop progress, callbacks,
+    logging accumulators, datamodule, hyperparameters and the ``on_save_checkpoint`` additions) and ``hparams.json``."""
+    return [Part(store.EXTRA_STATE, "json", TrainerState(trainer)), Part(store.HPARAMS, "json", _Hparams(trainer))]
+
+
+class TrainerState:
+    """The Trainer's part of a checkpoint (JSON only); restored in ``fit`` only (evaluation loads the weights alone)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        return build_checkpoint_state(self.trainer)
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        _restore_trainer_state(self.trainer, checkpoint)
+
+
+class _Hparams:
+    """``hparams.json``: the module's hyperparameters, for `TrainModule.load_from_checkpoint` (nothing to restore)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        module = self.trainer.lightning_module
+        return to_json_safe(dict(module.hparams), "hyper_parameters") if module is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
@@ -79,7 +108,7 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "epoch": int(trainer.current_epoch),
         "global_step": int(trainer.global_step),
-        "loops": {"fit_loop": dict(trainer.fit_loop_state)},
+        "loops": {"fit_loop": trainer.fit_progress.state_dict()},
         "callbacks": callback_states,
         "hyper_parameters": dict(module.hparams) if module is not None else {},
     }
@@ -133,7 +162,7 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     """Restore the full training state of `trainer` from the checkpoint directory `path`.
 
     Restores (through the `Accelerator`) weights, optimizers, schedulers, scaler, dataloader positions and RNG
-    states, then the loop position into ``trainer.fit_loop_state``, each callback's state (by ``state_key``), and
+    states, then the loop position (``trainer.fit_progress``), each callback's state (by ``state_key``), and
     calls the ``on_load_checkpoint`` hooks. Every rank must call it. Outside ``fit`` (``validate``, ``test``,
     ``predict``) only the model weights are loaded.
 
@@ -145,18 +174,14 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     if trainer.stage not in (None, "fit"):
         verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
         return _restore_weights(trainer, directory)
-    checkpoint = accelerator.load_state(str(directory))  # checks each file as it reads it
-    if not isinstance(checkpoint, dict) or "loops" not in checkpoint:
-        raise ValueError(f"checkpoint {str(directory)!r} has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
-    loop_state = dict(checkpoint["loops"].get("fit_loop", {}))
-    loop_state.setdefault("batches_that_stepped", loop_state.get("global_step", 0))  # written before trackers had their own step
-    open_batch = loop_state.pop("stepping_batch_open", False)  # written during a boundary batch (at its end or its validation)
-    loop_state["validation_pending"] = bool(loop_state.get("validation_pending", False))
-    if open_batch and not loop_state["validation_pending"]:
-        loop_state["batches_that_stepped"] += 1  # done now; with a validation pending it closes after that validation
-    loop_state["stepping_batch_open"] = open_batch and loop_state["validation_pending"]
-    trainer.fit_loop_state.clear()
-    trainer.fit_loop_state.update(loop_state)
+    accelerator.load_state(str(directory))  # checks each file as it reads it; `TrainerState` restores the Trainer's part
+    return None
+
+
+def _restore_trainer_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    if "loops" not in checkpoint:
+        raise ValueError("the checkpoint has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
+    trainer.fit_progress.load_state_dict(dict(checkpoint["loops"].get("fit_loop", {})))  # (the restart rules are its own)
     trainer.callback_metrics.update(checkpoint.get("callback_metrics") or {})
     if "results" in checkpoint:
         trainer.load_results_state_dict(checkpoint["results"])
@@ -164,7 +189,6 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     trainer._dispatch.call("on_load_checkpoint", checkpoint)  # the module, then the callbacks (Lightning's order)
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})  # after the hooks, as Lightning
-    return None
 
 
 def _restore_weights(trainer: Trainer, directory: Path) -> None:
@@ -185,10 +209,10 @@ def load_hparams(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The module hyperparameters saved with the checkpoint at `directory` (after the manifest check)."""
     directory = Path(directory)
     manifest = read_manifest(directory)
-    path = directory / HPARAMS_NAME
-    if HPARAMS_NAME not in manifest["files"] or not path.is_file():
-        raise ValueError(f"checkpoint {str(directory)!r} has a missing or modified {HPARAMS_NAME}; load an intact checkpoint")
-    data = checkpoint_io.CheckpointReader(directory, manifest).read_json(HPARAMS_NAME)
+    path = directory / store.HPARAMS
+    if store.HPARAMS not in manifest["files"] or not path.is_file():
+        raise ValueError(f"checkpoint {str(directory)!r} has a missing or modified {store.HPARAMS}; load an intact checkpoint")
+    data = checkpoint_io.CheckpointReader(directory, manifest).read_json(store.HPARAMS)
     if not isinstance(data, dict):
         raise ValueError(f"{str(path)!r} does not hold a JSON object of hyperparameters")
     return data

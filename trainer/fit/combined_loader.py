@@ -10,23 +10,27 @@
     sequential        one loader's batch, then the next loader's        after the last
 
 Iterating yields ``(batch, batch_idx, dataloader_idx)``; `dataloader_idx` is 0 except in ``sequential``, where
-`batch_idx` restarts at 0 with each loader. ``len()`` needs ``iter()`` first, as Lightning's. As the training
-loaders of `Trainer.fit` the module's ``training_step`` gets the combined batch; a list or dict of training loaders
-is a ``CombinedLoader`` in ``max_size_cycle`` mode (Lightning's default for them).
+`batch_idx` restarts at 0 with each loader. ``len()`` works before ``iter()`` too (Lightning's raises there).
+
+As the training loaders of `Trainer.fit` (``train_dataloader()`` returning a list or dict of loaders is a
+``CombinedLoader`` in ``max_size_cycle`` mode, Lightning's default) ``training_step`` gets the combined batch, each
+loader is sharded as a single one would be, and ``sequential`` is refused, as in Lightning. As evaluation loaders only
+``sequential`` is accepted (a dict of loaders is one in that mode): the loaders run one after another with
+``dataloader_idx``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 from torch.utils import _pytree
 
 Mode = Literal["min_size", "max_size_cycle", "max_size", "sequential"]
 MODES: tuple[str, ...] = ("min_size", "max_size_cycle", "max_size", "sequential")
-_LENGTH = {"min_size": min, "max_size_cycle": max, "max_size": max, "sequential": sum}
+_LENGTH: dict[str, Callable[[list[float]], float]] = {"min_size": min, "max_size_cycle": max, "max_size": max, "sequential": sum}
 
 
 def _length(iterable: Any) -> float:
@@ -153,15 +157,19 @@ class CombinedLoader(Iterable[tuple[Any, int, int]]):
         raise StopIteration
 
     def __len__(self) -> int:
-        """The number of items, by the mode (after ``iter()``, as Lightning's)."""
-        if self._iterators is None:
-            raise RuntimeError("Please call `iter(combined_loader)` first.")
+        """The number of items, by the mode."""
         lengths = [_length(iterable) for iterable in self._flattened]
         if self._limits is not None:
             lengths = [min(length, limit) for length, limit in zip(lengths, self._limits)]
         if self._mode == "min_size" and self._limits is not None:
             lengths = lengths + list(self._limits)
         return int(_LENGTH[self._mode](lengths))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch on to the loaders that take it (the Trainer's prepared loaders reshuffle by it)."""
+        for iterable in self._flattened:
+            if hasattr(iterable, "set_epoch"):
+                iterable.set_epoch(epoch)
 
     def reset(self) -> None:
         """Forget the running iteration."""

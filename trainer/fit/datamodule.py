@@ -11,7 +11,12 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainer.fit.module import AttributeDict, TrainModule
 
@@ -26,6 +31,34 @@ class DataModule:
         self.trainer: Any = None
 
     save_hyperparameters = TrainModule.save_hyperparameters
+
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0, **datamodule_kwargs: Any) -> Any:
+        """A DataModule whose ``*_dataloader`` methods wrap the given data sets (each a ``Dataset``, or a list or dict of
+        them) in ``DataLoader(batch_size, num_workers)``, shuffling the training set(s) unless iterable; Lightning's.
+        `datamodule_kwargs` (and `batch_size`/`num_workers` where ``__init__`` takes them) build the module."""
+
+        def loaders(data: Any, shuffle: bool = False) -> Any:
+            if isinstance(data, Dataset):
+                return DataLoader(data, batch_size=batch_size, shuffle=shuffle and not isinstance(data, IterableDataset),
+                                  num_workers=num_workers, pin_memory=torch.cuda.is_available())
+            if isinstance(data, Mapping):
+                return {key: loaders(value, shuffle) for key, value in data.items()}
+            if isinstance(data, (list, tuple)):
+                return type(data)(loaders(value, shuffle) for value in data)
+            return data
+
+        parameters = inspect.signature(cls.__init__).parameters
+        special = {"batch_size": batch_size, "num_workers": num_workers}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            special = {k: v for k, v in special.items() if k in parameters}
+        datamodule = cls(**datamodule_kwargs, **special)
+        for name, data, shuffle in (("train", train_dataset, True), ("val", val_dataset, False), ("test", test_dataset, False),
+                                    ("predict", predict_dataset, False)):
+            if data is not None:
+                setattr(datamodule, f"{name}_dataloader", lambda data=data, shuffle=shuffle: loaders(data, shuffle))
+        return datamodule
 
     def prepare_data(self) -> None:
         """Download or write data to disk: runs once per machine, before `setup`; do not set state here."""

@@ -43,6 +43,16 @@ def order_callbacks(callbacks: Iterable[Callback]) -> list[Callback]:
     return [cb for cb in callbacks if not cb.runs_last] + [cb for cb in callbacks if cb.runs_last]
 
 
+def with_module_callbacks(callbacks: Sequence[Callback], module_callbacks: Any) -> list[Callback]:
+    """`callbacks` with those of the module's ``configure_callbacks()`` (a callback or a sequence), in dispatch order:
+    a module callback replaces the Trainer's of its class or of a class it derives from (Lightning's rule)."""
+    if not module_callbacks:
+        return list(callbacks)
+    added = list(module_callbacks) if isinstance(module_callbacks, Sequence) else [module_callbacks]
+    replaced = {type(cb) for cb in callbacks if type(cb) is not Callback and any(isinstance(new, type(cb)) for new in added)}
+    return order_callbacks([*(cb for cb in callbacks if type(cb) not in replaced), *added])
+
+
 class HookDispatcher:
     """Calls events on a module and a list of callbacks.
 

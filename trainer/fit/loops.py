@@ -6,7 +6,7 @@
     validate/test/predict:
                 eval_loop(trainer, stage, loader, limit)
 
-The loop position lives in ``trainer.fit_loop_state`` (saved in checkpoints, so a resume continues
+The loop position lives in ``trainer.fit_progress`` (`trainer.fit.progress.LoopProgress`, saved in checkpoints, so a resume continues
 mid-epoch). Preparation, backward, accumulation, clipping and gathering are the `Accelerator`'s; calling a step
 through the wrapped model's forward is the strategy's (`Strategy.call_through`).
 """
@@ -17,32 +17,28 @@ import contextlib
 import itertools
 import math
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from callbacks.base import overrides
 from strategies.collectives import apply_to_tensors
 from trainer.fit import preemption
 from trainer.fit.batch import ProfiledTrainBatch, TrainBatch, step_schedulers
+from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.module import TrainModule
 from trainer.fit.profiler import profile
 from trainer.fit.transfer import moves_batches_itself, transfer_batch
 
 if TYPE_CHECKING:
+    from trainer.fit.progress import LoopProgress
     from trainer.fit.trainer import Trainer
 
 _MISSING = object()
 
 
 # ---------------------------------------------------------------------------------------- fit
-def new_loop_state() -> dict[str, Any]:
-    """The loop position of a fit that has not started."""
-    return {
-        "epoch": 0, "global_step": 0, "batches_that_stepped": 0, "stepping_batch_open": False, "batches_done_in_epoch": 0,
-        "accumulation_position": 0, "accumulated": 0, "should_stop": False, "validation_pending": False, "is_last_batch": False,
-    }
-
-
 def max_steps_reached(trainer: Trainer) -> bool:
     """True once ``max_steps`` optimizer steps were taken."""
     return trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
@@ -87,15 +83,15 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     one batch ahead: ``end_of_dataloader``), so accumulation, validation and checkpoints treat it as the sized
     loader's last batch.
     """
-    state, module, results = trainer.fit_loop_state, trainer.attached_module, trainer._results
+    progress, module, results = trainer.fit_progress, trainer.attached_module, trainer._results
     stop_agreed = trainer.should_stop  # agreed at the last epoch's end (before any hook of this one); min_epochs/min_steps held it
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
-    pending = state.get("validation_pending", False) and bool(val_loaders)
-    start, total = state["batches_done_in_epoch"], trainer.num_training_batches
-    if 0 < total <= start or (start and state.get("is_last_batch", False)):  # restored from the end of an epoch
+    pending = progress.validation_pending and bool(val_loaders)
+    start, total = progress.batches_done_in_epoch, trainer.num_training_batches
+    if 0 < total <= start or (start and progress.is_last_batch):  # restored from the end of an epoch
         if pending:
             _validate(trainer, val_loaders)
-        _close_stepping_batch(state)
+        _close_stepping_batch(progress)
         return _next_epoch(trainer, update_plateau=False)
     loader = trainer._train_loader
     stream = math.isinf(num_batches(loader))
@@ -105,19 +101,19 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     trainer._dispatch.call("on_train_epoch_start")
     if pending:
         _validate(trainer, val_loaders)
-    _close_stepping_batch(state)
+    _close_stepping_batch(progress)
     train_batch = TrainBatch(trainer) if trainer.profiler is None else ProfiledTrainBatch(trainer)
     trainer.agreement.begin_epoch()
     validates, drawn = bool(val_loaders), False
     indices = range(start, int(total)) if math.isfinite(total) else itertools.count(start)
     for batch_idx, batch in zip(indices, batches):  # the indices first: no batch is drawn past the limit
         drawn, last = True, batch_idx + 1 >= total or (stream and loader.end_of_dataloader)
-        validate = state["validation_pending"] = validates and _validation_due(trainer, batch_idx, last)  # saved by checkpoints
+        validate = progress.validation_pending = validates and _validation_due(trainer, batch_idx, last)  # saved by checkpoints
         go_on = train_batch(batch, batch_idx, last)  # False: the processes agreed at its end to stop
         if validate:
             go_on = not _validate(trainer, val_loaders) and go_on
-        state["validation_pending"] = False
-        _close_stepping_batch(state)  # a boundary batch counts once its validation logged at its step
+        progress.validation_pending = False
+        _close_stepping_batch(progress)  # a boundary batch counts once its validation logged at its step
         stop_agreed = stop_agreed or not go_on  # the same on every process, as the step and epoch counts
         if (stop_agreed and can_stop_early(trainer)) or max_steps_reached(trainer):
             break
@@ -130,7 +126,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         )
     _, logged = _end_of_epoch(trainer, "train")
     trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
-    epoch_over = state["batches_done_in_epoch"] >= total or state.get("is_last_batch", False)
+    epoch_over = progress.batches_done_in_epoch >= total or progress.is_last_batch
     if epoch_over or not max_steps_reached(trainer):  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
     return None
@@ -138,17 +134,16 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
 
 def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> bool:
     """Validate during fit; returns the stop the processes agree on after it (early stopping decides there)."""
-    trainer.fit_loop_state["validation_pending"] = False  # a checkpoint written during the validation is past it
+    trainer.fit_progress.validation_pending = False  # a checkpoint written during the validation is past it
     with profile(trainer, "validation"):
-        eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)
-    trainer.attached_module.train()
+        eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)  # puts the module back in its modes
     return trainer.agreement.agree(trainer)
 
 
-def _close_stepping_batch(state: dict[str, Any]) -> None:
-    if state["stepping_batch_open"]:
-        state["batches_that_stepped"] += 1
-        state["stepping_batch_open"] = False
+def _close_stepping_batch(progress: LoopProgress) -> None:
+    if progress.stepping_batch_open:
+        progress.batches_that_stepped += 1
+        progress.stepping_batch_open = False
 
 
 def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -179,9 +174,13 @@ def _train_batches(trainer: Trainer, start: int) -> Any:
     loader = trainer._train_loader
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(trainer.current_epoch)
-    if start:  # resuming mid-epoch: skip at the batch-sampler level, no skipped sample is loaded
-        loader = trainer.accelerator.skip_first_batches(loader, start)
-    return iter(loader) if trainer.profiler is None else _timed_batches(trainer.profiler, iter(loader))
+    if isinstance(loader, CombinedLoader):  # (batch, batch_idx, dataloader_idx): the step gets the combined batch
+        batches = (batch for batch, _, _ in itertools.islice(loader, start, None))  # a resume reads the batches it skips
+    else:
+        if start:  # resuming mid-epoch: skip at the batch-sampler level, no skipped sample is loaded
+            loader = trainer.accelerator.skip_first_batches(loader, start)
+        batches = iter(loader)
+    return batches if trainer.profiler is None else _timed_batches(trainer.profiler, batches)
 
 
 def _timed_batches(profiler: Any, batches: Any) -> Any:
@@ -196,10 +195,10 @@ def _timed_batches(profiler: Any, batches: Any) -> Any:
 
 def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
     step_schedulers(trainer, "epoch", update_plateau=update_plateau)
-    state = trainer.fit_loop_state
-    state["epoch"] += 1
-    state["batches_done_in_epoch"] = 0
-    state["is_last_batch"] = False
+    progress = trainer.fit_progress
+    progress.epoch += 1
+    progress.batches_done_in_epoch = 0
+    progress.is_last_batch = False
     trainer.agreement.agree(trainer)  # every process learns whether one of them asked to stop
 
 
@@ -234,7 +233,8 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
             gathered, through = strategy.gathered_parameters(wrapped), False
     several = len(loaders) > 1
     transfer = moves_batches_itself(trainer)
-    module.eval()
+    modes = [(submodule, submodule.training) for submodule in module.modules()]  # restored after, as Lightning's
+    getattr(module, f"on_{stage}_model_eval")()  # default: module.eval()
     was_training, trainer.training = trainer.training, False
     results.set_context(stage, False)
     results.enabled = stage != "predict"
@@ -276,6 +276,11 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
             metrics, logged = _end_of_epoch(trainer, stage)
             trainer._send_to_trackers(logged)
         call(f"on_{stage}_end")
+    if stage != "predict" and overrides(module, f"on_{stage}_model_train", TrainModule):
+        getattr(module, f"on_{stage}_model_train")()
+    else:
+        for submodule, training in modes:
+            submodule.training = training
     results.enabled, trainer.training = True, was_training
     if stage == "predict":
         if not keep_predictions:
@@ -350,7 +355,9 @@ def unshuffled(loader: Any, kind: str) -> Any:
 def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
     """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's.
 
-    "train" gives one loader; the evaluation kinds a list (a single loader becomes a list of one).
+    "train" gives one loader, or a `CombinedLoader` (as given, or a list or dict of loaders in ``max_size_cycle`` mode,
+    as Lightning); the evaluation kinds a list (a single loader becomes a list of one; a dict, or a ``sequential``
+    `CombinedLoader`, its loaders in order).
     """
     owner = module._trainer
     datamodule = getattr(owner, "datamodule", None) if owner is not None else None
@@ -359,12 +366,18 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
     if given is None:
         method = getattr(module, f"{kind}_dataloader", None)
         given = method() if callable(method) else None
-    if isinstance(given, dict):
-        raise TypeError(f"the {kind} dataloaders are a dict; pass a list of DataLoaders (dataloader_idx is the position in it)")
-    several = isinstance(given, (list, tuple))
-    loaders = list(given) if several else [given]
-    if several and kind == "train" and len(loaders) != 1:
-        raise ValueError(f"one train dataloader is supported, got {len(loaders)}; pass a single DataLoader")
+    combined = given if isinstance(given, CombinedLoader) else None
+    if kind == "train" and combined is None and isinstance(given, (Mapping, list, tuple)):
+        combined = CombinedLoader(given, "max_size_cycle")
+    if combined is not None and (combined.mode == "sequential") != (kind != "train"):
+        raise ValueError(
+            f"CombinedLoader(mode={combined.mode!r}) is not supported for the {kind} dataloaders: training takes 'max_size_cycle', "
+            "'min_size' or 'max_size'; evaluation runs its loaders one after another, 'sequential' (as Lightning)"
+        )
+    if kind != "train" and isinstance(given, Mapping):
+        combined = CombinedLoader(given, "sequential")
+    several = combined is not None or isinstance(given, (list, tuple))
+    loaders = combined.flattened if combined is not None else list(given) if several else [given]
     if given is None or not loaders:
         if required:
             raise ValueError(f"no {kind} dataloader: pass one to the Trainer method, or define {kind}_dataloader() on {type(module).__name__}")
@@ -372,7 +385,9 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
     for loader in loaders:
         if not isinstance(loader, torch.utils.data.DataLoader):
             raise TypeError(f"the {kind} dataloader must be a torch.utils.data.DataLoader, got {type(loader).__name__}")
-    return loaders if kind != "train" else loaders[0]
+    if kind != "train":
+        return loaders
+    return combined if combined is not None else loaders[0]
 
 
 def _to_cpu(output: Any) -> Any:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -194,7 +194,7 @@ class TrainModule(nn.Module):
 
     automatic_optimization: bool = True
     # properties TorchScript must not compile (`to_torchscript`): they read the run or Python-only state
-    __jit_unused_properties__: list[str] = [
+    __jit_unused_properties__: ClassVar[list[str]] = [
         "trainer", "device", "global_step", "logger", "loggers", "global_rank", "local_rank", "current_epoch",
         "example_input_array", "strict_loading",
     ]
@@ -234,7 +234,7 @@ class TrainModule(nn.Module):
         """The `Trainer` running this module (raises outside a run); what it offers is `callbacks.view.TrainerView`."""
         if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) (or validate/test/predict) first")
-        return self._trainer
+        return self._trainer  # type: ignore[return-value]  # None only while TorchScript reads the attributes
 
     @trainer.setter
     def trainer(self, trainer: TrainerView | None) -> None:
@@ -470,12 +470,16 @@ class TrainModule(nn.Module):
             raise ValueError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported; use 'norm' or 'value'")
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Let only `optimizer`'s parameters require gradients (the others are frozen until `untoggle_optimizer`)."""
-        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self._toggled = {id(p): p.requires_grad for p in self.parameters()}
-        for p in self.parameters():
-            if id(p) not in own:
+        """Freeze the parameters of the other optimizers until `untoggle_optimizer` (Lightning's rule: parameters no
+        optimizer holds are left as they are)."""
+        toggled: dict[int, bool] = {}
+        for opt in self.trainer.optimizers:
+            for p in (p for group in opt.param_groups for p in group["params"] if id(p) not in toggled):
+                toggled[id(p)] = p.requires_grad
                 p.requires_grad_(False)
+        for p in (p for group in optimizer.param_groups for p in group["params"]):
+            p.requires_grad_(toggled.get(id(p), p.requires_grad))
+        self._toggled = toggled
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Undo `toggle_optimizer`."""
@@ -653,6 +657,9 @@ class TrainModule(nn.Module):
             err.args = ((f"{err}; rebuilding {cls.__name__} from {str(directory)!r} with hyperparameters {sorted(hparams)} failed: "
                         "call self.save_hyperparameters() in __init__, or pass the missing arguments to load_from_checkpoint(..., name=value)"),)
             raise
+        if module._strict_loading is not None and strict is not None and strict != module.strict_loading:
+            raise ValueError(f"load_from_checkpoint(..., strict={strict!r}) conflicts with {cls.__name__}.strict_loading="
+                             f"{module.strict_loading!r}; pass the same value, or leave strict unset to use strict_loading")
         load_weights(directory, module, device="cpu" if map_location is None else map_location,
                      strict=module.strict_loading if strict is None else strict)
         return module

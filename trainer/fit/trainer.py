@@ -33,10 +33,19 @@ from strategies.compile import recompile_with, unwrap_compiled
 from trainer.fit import loops, preemption
 from trainer.fit.agreement import LoopAgreement
 from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
-from trainer.fit.checkpointing import check_weights_only, resolve_ckpt_path, restore_checkpoint, save_checkpoint, verify_checkpoint
-from trainer.fit.dispatch import HookDispatcher, order_callbacks
+from trainer.fit.checkpointing import (
+    check_weights_only,
+    resolve_ckpt_path,
+    restore_checkpoint,
+    save_checkpoint,
+    trainer_parts,
+    verify_checkpoint,
+)
+from trainer.fit.combined_loader import CombinedLoader
+from trainer.fit.dispatch import HookDispatcher, order_callbacks, with_module_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.profiler import ProfiledDispatcher, SimpleProfiler, profile
+from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
 
@@ -191,7 +200,7 @@ class Trainer:
         self.validation_schedule = ValidationSchedule(args.val_check_interval, args.check_val_every_n_epoch)
         self.num_sanity_val_steps, self.log_every_n_steps = args.num_sanity_val_steps, args.log_every_n_steps
         self.project_dir = str(Path(args.project_dir))
-        self.fit_loop_state: dict[str, Any] = loops.new_loop_state()
+        self.fit_progress = LoopProgress()  # where the fit is: advanced by the loops, saved and restored by checkpoints
         self.stage: str | None = None
         self.sanity_checking = False
         self.training = False
@@ -225,6 +234,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         # None in a plain process that starts the processes it asks for at fit() (`accelerator` raises there)
         self._accelerator: Accelerator | None = None if args.launch_processes else build_accelerator(args)
+        if self._accelerator is not None:
+            self._accelerator.checkpoint_parts.extend(trainer_parts(self))  # its state goes into every checkpoint
         acc = self._accelerator
         if args.sync_batchnorm and acc is not None and self.world_size > 1 and acc.device.type == "cpu":
             raise ValueError(
@@ -320,7 +331,7 @@ class Trainer:
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far."""
-        return int(self.fit_loop_state["global_step"])
+        return int(self.fit_progress.global_step)
 
     @property
     def logging_step(self) -> int:
@@ -329,19 +340,19 @@ class Trainer:
         It counts the batches that ended an accumulation window (every batch in manual optimization), and grows
         after the batch's step values and any validation it triggered were logged: the first row is step 0.
         """
-        return int(self.fit_loop_state["batches_that_stepped"])
+        return int(self.fit_progress.batches_that_stepped)
 
     @property
     def current_epoch(self) -> int:
-        return int(self.fit_loop_state["epoch"])
+        return int(self.fit_progress.epoch)
 
     @property
     def should_stop(self) -> bool:
-        return bool(self.fit_loop_state["should_stop"])
+        return bool(self.fit_progress.should_stop)
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        self.fit_loop_state["should_stop"] = bool(value)
+        self.fit_progress.should_stop = bool(value)
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
@@ -510,8 +521,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
-        self.fit_loop_state.clear()
-        self.fit_loop_state.update(loops.new_loop_state())
+        self.fit_progress.reset()
         self._warned_skip = self._warned_nonfinite = False
         self.nonfinite_skipped = 0
         self._moves_batches = moves_batches_itself(self)
@@ -531,7 +541,7 @@ class Trainer:
         # resumed run reloads at the same epochs as the uninterrupted one (its loaders, just built, stand for the last one)
         last_reload = self.current_epoch - self.current_epoch % reload_every if reload_every else 0
         while not loops.fit_done(self):
-            if reload_every and self.current_epoch - last_reload >= reload_every and self.fit_loop_state["batches_done_in_epoch"] == 0:
+            if reload_every and self.current_epoch - last_reload >= reload_every and self.fit_progress.batches_done_in_epoch == 0:
                 val_loaders, last_reload = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
             with profile(self, "run_training_epoch"):
                 loops.train_epoch(self, val_loaders)
@@ -548,22 +558,34 @@ class Trainer:
         train loader in the checkpointed loader states.
         """
         given = loops.loader_from(module, "train", train_dataloaders, required=True)
+        combined = given if isinstance(given, CombinedLoader) else None  # several loaders: each prepared as one would be
+        parts = list(combined.flattened) if combined is not None else [given]
         length = loops.num_batches(given)
+        if math.isinf(length) and combined is not None:
+            raise ValueError(
+                "a CombinedLoader of training loaders needs loaders with a length (one has none: an IterableDataset without "
+                "__len__); give its data set a __len__, or train on that loader alone"
+            )
         if math.isinf(length):  # a stream: a fraction of its epoch is unknown (Lightning's rule), refused before any work
             loops.refuse_fraction("limit_train_batches", self._args.limit_train_batches)
             loops.refuse_fraction("val_check_interval", self.val_check_interval)
-        if length == 0:
-            raise ValueError(
-                f"the train dataloader has no batches (dataset of {len(given.dataset)} samples, batch_size={given.batch_size}, "
-                f"drop_last={given.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
-            )
+        for part in parts:
+            if loops.num_batches(part) == 0:
+                raise ValueError(
+                    f"the train dataloader has no batches (dataset of {len(part.dataset)} samples, batch_size={part.batch_size}, "
+                    f"drop_last={part.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
+                )
         if self._args.overfit_batches:
-            given = loops.unshuffled(given, "train")
+            parts = [loops.unshuffled(part, "train") for part in parts]
         if reload:
-            self.accelerator._dataloaders.remove(self._train_loader)
-        self._train_loader = self.accelerator.prepare_data_loader(
-            given, device_placement=not self._moves_batches, shard=self._args.use_distributed_sampler
-        )
+            old = self._train_loader
+            for part in old.flattened if isinstance(old, CombinedLoader) else [old]:
+                self.accelerator._dataloaders.remove(part)
+        prepared = [self.accelerator.prepare_data_loader(part, device_placement=not self._moves_batches, shard=self._args.use_distributed_sampler)
+                    for part in parts]
+        if combined is not None:
+            combined.flattened = prepared
+        self._train_loader = combined if combined is not None else prepared[0]
         self.num_training_batches = loops.limit_batches(
             loops.num_batches(self._train_loader), self._args.limit_train_batches, "limit_train_batches"
         )
@@ -790,14 +812,14 @@ class Trainer:
                 f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
-        ignored = [hook for hook in ("optimizer_step", "optimizer_zero_grad") if overrides(module, hook, TrainModule)]
-        if stage == "fit" and module.automatic_optimization and ignored:  # Lightning calls them; this loop never would
-            raise NotImplementedError(
-                f"{type(module).__name__} defines {' and '.join(h + '()' for h in ignored)}, Lightning hooks this Trainer does not "
-                "call: it steps and zeroes the optimizer itself, so the override would be ignored. Move its work to "
-                "on_before_optimizer_step / on_before_zero_grad, to an lr scheduler (e.g. a LambdaLR warmup), or drive the "
-                "optimizer yourself with self.automatic_optimization = False (see docs/migrating-from-lightning.md)"
+        if stage == "fit" and module.automatic_optimization and overrides(module, "optimizer_zero_grad", TrainModule):
+            raise NotImplementedError(  # Lightning calls it; this loop never would
+                f"{type(module).__name__} defines optimizer_zero_grad(), a Lightning hook this Trainer does not call: it "
+                "zeroes the gradients itself (to None, on a window's first batch), so the override would be ignored. Move "
+                "its work to on_before_zero_grad, or drive the optimizer yourself with self.automatic_optimization = False "
+                "(see docs/migrating-from-lightning.md)"
             )
+        self.callbacks = with_module_callbacks(self.callbacks, module.configure_callbacks())
         self._results.reset()
         if self.profiler is not None:
             self._dispatch = ProfiledDispatcher(module, TrainModule, self.callbacks, self, self.profiler)
@@ -831,7 +853,7 @@ class Trainer:
                 return result
 
             optimizer.optimizer.step(closure=closure_then_hook)
-        self.fit_loop_state["global_step"] += 1
+        self.fit_progress.global_step += 1
 
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
         """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`

@@ -34,7 +34,7 @@ class LightningEnum(str, Enum):
 
     def __eq__(self, other: object) -> bool:
         other = other.value if isinstance(other, Enum) else str(other)
-        return self.value.lower() == other.lower()
+        return bool(self.value.lower() == other.lower())
 
     def __hash__(self) -> int:
         return hash(self.value.lower())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -11,20 +11,20 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from trainer.fit.module import LRSchedulerConfig
 
-STEP_OUTPUT = Union[torch.Tensor, Mapping[str, Any]]
+STEP_OUTPUT = torch.Tensor | Mapping[str, Any]
 TRAIN_DATALOADERS = Any
 EVAL_DATALOADERS = Any
-LRSchedulerTypeUnion = Union[LRScheduler, ReduceLROnPlateau]
+LRSchedulerTypeUnion = LRScheduler | ReduceLROnPlateau
 LRSchedulerTypeTuple = (LRScheduler, ReduceLROnPlateau)
-LRSchedulerType = Union[type[LRScheduler], type[ReduceLROnPlateau]]
+LRSchedulerType = type[LRScheduler] | type[ReduceLROnPlateau]
 LRSchedulerPLType = LRSchedulerTypeUnion
 OptimizerConfig = dict[str, Any]
 LRSchedulerConfigType = dict[str, Any]
 OptimizerLRSchedulerConfig = dict[str, Any]
-OptimizerLRScheduler = Union[
-    Optimizer, Sequence[Optimizer], tuple[Sequence[Optimizer], Sequence[Union[LRSchedulerTypeUnion, LRSchedulerConfig]]],
-    OptimizerLRSchedulerConfig, Sequence[OptimizerLRSchedulerConfig], None,
-]
+OptimizerLRScheduler = (
+    Optimizer | Sequence[Optimizer] | tuple[Sequence[Optimizer], Sequence[LRSchedulerTypeUnion | LRSchedulerConfig]]
+    | OptimizerLRSchedulerConfig | Sequence[OptimizerLRSchedulerConfig] | None
+)
 
 __all__ = [
     "EVAL_DATALOADERS", "STEP_OUTPUT", "TRAIN_DATALOADERS", "LRSchedulerConfig", "LRSchedulerConfigType", "LRSchedulerPLType",
