@@ -8,6 +8,7 @@ plain functions (`strategies.collectives`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import weakref
 from collections.abc import Iterator
@@ -40,6 +41,9 @@ class Strategy:
     name: str = "base"
     precision_class: type[Precision] = Precision
     sharded: bool = False
+    # where a checkpoint's optimizer states are read to (None: this strategy's device); `optimizer.load_state_dict` then
+    # moves them next to their parameters. XLA reads to "cpu": torch.load cannot restore a storage onto an XLA device
+    load_location: str | None = None
 
     def __init__(self, *, cluster: ClusterEnvironment, device: torch.device, precision: str = "no") -> None:
         self.cluster = cluster
@@ -62,6 +66,18 @@ class Strategy:
     @property
     def local_rank(self) -> int:
         return self.cluster.local_rank
+
+    data_parallel_group: Any = None  # the processes that see different data: metrics gather and reduce over it (None: all)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's index among the data-parallel processes (with tensor parallelism, one per tensor-parallel group)."""
+        return self.rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The number of processes that see different batches (the world size, unless some share a batch)."""
+        return self.world_size
 
     @property
     def is_distributed(self) -> bool:
@@ -242,11 +258,27 @@ class Strategy:
         """Clip gradients to a total norm of `max_norm`; returns the total norm before clipping, over all shards."""
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         grads = [p.grad for p in params if p.grad is not None]
-        total = torch.nn.utils.get_total_norm(grads, norm_type)
-        full = getattr(total, "full_tensor", None)  # a sharded (DTensor) norm is partial per process
-        if callable(full):
-            total = full()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        by_mesh: dict[Any, list[torch.Tensor]] = {}  # sharded gradients of one mesh reduce together (2-D: FSDP × TP)
+        for param in params:
+            if param.grad is not None:
+                by_mesh.setdefault(getattr(param.grad, "device_mesh", None), []).append(param)
+        if len(by_mesh) <= 1:
+            total = torch.nn.utils.get_total_norm(grads, norm_type)
+            full = getattr(total, "full_tensor", None)  # a sharded (DTensor) norm is partial per process
+            total = full() if callable(full) else total
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+            return total
+        norms = []
+        for group in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
+            full = getattr(norm, "full_tensor", None)  # a sharded (DTensor) norm is partial per process
+            norms.append(full() if callable(full) else norm)
+        if math.isinf(norm_type):
+            total = torch.stack(norms).max()
+        else:
+            total = torch.stack(norms).pow(norm_type).sum().pow(1.0 / norm_type)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -255,16 +287,17 @@ class Strategy:
 
     # collectives
     def all_gather(self, data: Any) -> Any:
-        return collectives.gather(data)
+        """Gather over the data-parallel processes (those of one tensor-parallel group hold the same values)."""
+        return collectives.gather(data, group=self.data_parallel_group)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         return collectives.gather_object(obj)
 
     def all_reduce(self, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return collectives.reduce(data, reduction, scale)
+        return collectives.reduce(data, reduction, scale, group=self.data_parallel_group)
 
     def pad_across_processes(self, data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return collectives.pad_across_processes(data, dim, pad_index, pad_first)
+        return collectives.pad_across_processes(data, dim, pad_index, pad_first, group=self.data_parallel_group)
 
     def broadcast(self, data: Any, src: int = 0) -> Any:
         return collectives.broadcast(data, src)
@@ -329,13 +362,14 @@ class Strategy:
                 "or strategies.checkpoint_io.load_weights(directory, model))"
             )
         sources = [store.model_file(i) for i in range(len(models))]
+        reader.prefetch([*sources, *(store.optimizer_file(i) for i in range(len(optimizers)))])  # hashed ahead of their use
         for model, source in zip(models, sources):  # every model is checked (from the file headers) before any is changed
             shapes = checkpoint_io.safetensors_shapes(path / source)
             checkpoint_io.check_state_fits(shapes, self.unwrap_module(model), path / source, strict=strict)
         for model, source in zip(models, sources):
             self.load_module_state_dict(model, reader.load_safetensors(source), strict=strict)
         for i, opt in enumerate(optimizers):
-            opt.load_state_dict(reader.torch_load(store.optimizer_file(i), map_location=self.device))
+            opt.load_state_dict(reader.torch_load(store.optimizer_file(i), map_location=self.load_location or self.device))
 
     def teardown(self) -> None:
         """Release process groups and other resources."""

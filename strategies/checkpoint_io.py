@@ -164,6 +164,9 @@ def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda_{i}"] = state
+    if (xm := _running_xla()) is not None:  # the XLA device's generator: an unsigned 64-bit seed, kept as int64 bits
+        seed = xm.get_rng_state()
+        tensors["xla"] = torch.tensor([seed - 2**64 if seed >= 2**63 else seed], dtype=torch.int64)
     py_version, py_state, py_gauss = random.getstate()
     np_state: Any = np.random.get_state()
     meta = {
@@ -210,6 +213,14 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, str], so
     cuda = [tensors[k].clone() for k in sorted(k for k in tensors if k.startswith("cuda_"))]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+    if "xla" in tensors and (xm := _running_xla()) is not None:
+        xm.set_rng_state(int(tensors["xla"][0]) % 2**64)
+
+
+def _running_xla() -> Any:
+    from strategies.xla import running_xla  # lazy: import cycle (strategies.xla imports this module)
+
+    return running_xla()
 
 
 
@@ -283,14 +294,20 @@ class CheckpointWriter:
     def _flush_later(self, fd: int, name: str, nbytes: int) -> None:
         """fsync (and close) `fd`, a written file's, in the background: fsync waits on the disk, so the files of a
         checkpoint reach it together (one journal commit for many small files) while the next ones are written."""
+        self._flushing.append((name, nbytes, self._fsync_pool().submit(_fsync_and_close, fd)))
+
+    def _fsync_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="checkpoint-fsync")
-        self._flushing.append((name, nbytes, self._pool.submit(_fsync_and_close, fd)))
+        return self._pool
 
     def sync(self, *, raise_errors: bool = True) -> None:
         """Wait until every file this process wrote is on disk; every process calls it before its entries go to
         the manifest (`commit` calls it too)."""
         flushing, self._flushing = self._flushing, []
+        folders = sorted({(self.staging / name).parent for name in self.files} - {self.staging})  # (the staging directory: `commit`)
+        if folders and raise_errors:  # their entries reach the disk with the files' flushes
+            flushing += [(folder.name, 0, self._fsync_pool().submit(fsync_dir, folder)) for folder in folders]
         for name, nbytes, future in flushing:
             try:
                 future.result()
@@ -301,8 +318,6 @@ class CheckpointWriter:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        for folder in sorted({(self.staging / name).parent for name in self.files} - {self.staging}):
-            fsync_dir(folder)  # (the staging directory itself: by `commit`)
 
     def save_safetensors(self, name: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         self._write(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
@@ -348,8 +363,8 @@ class CheckpointWriter:
             files.update(entries)
         manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **meta, "hash": self.algorithm,
                     "files": dict(sorted(files.items()))}
-        write_json_durably(self.staging / MANIFEST_NAME, manifest)
-        move_into_place(self.staging, self.final)  # (fsyncs the staging directory first)
+        write_json_durably(self.staging / MANIFEST_NAME, manifest, folder=self.staging)  # (and the staging directory)
+        move_into_place(self.staging, self.final, flushed=True)
         return self.final
 
 
@@ -402,19 +417,32 @@ def write_safetensors(out: Any, state: dict[str, torch.Tensor], metadata: dict[s
             out.write(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
-def write_json_durably(path: Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file, flushed and fsynced, then renamed over `path`."""
+def write_json_durably(path: Path, data: Any, *, folder: Path | None = None) -> None:
+    """Write JSON to `path` through a temporary file, flushed and fsynced, then renamed over `path`.
+
+    With `folder`, that directory is flushed too, after the rename and together with the file (two waits on the disk
+    at once, which a journaling file system serves with one commit)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
         fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+        if folder is None:
+            os.fsync(fh.fileno())
+        else:
+            os.replace(tmp, path)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-fsync") as pool:
+                entries = pool.submit(fsync_dir, folder)
+                os.fsync(fh.fileno())
+                entries.result()
+    if folder is None:
+        os.replace(tmp, path)
 
 
-def move_into_place(partial: Path, target: Path) -> None:
-    """Rename the finished `partial` directory to `target`; an older `target` is removed only once the new one is in place."""
-    fsync_dir(partial)
+def move_into_place(partial: Path, target: Path, *, flushed: bool = False) -> None:
+    """Rename the finished `partial` directory to `target` (its entries flushed first, unless `flushed` says they
+    are); an older `target` is removed only once the new one is in place."""
+    if not flushed:
+        fsync_dir(partial)
     old = None
     if target.exists():
         old = target.parent / f".{target.name}.old"
@@ -492,7 +520,8 @@ def _split(share: tuple[int, int, Any] | None) -> tuple[int, int, Any]:
 
 
 def verify_checkpoint(
-    directory: str | os.PathLike[str], *, share: tuple[int, int, Any] | None = None, hashes: bool = True
+    directory: str | os.PathLike[str], *, share: tuple[int, int, Any] | None = None, hashes: bool = True,
+    what: str = "verify_checkpoint",
 ) -> dict[str, Any]:
     """Check that every file of the checkpoint matches its manifest; return the manifest.
 
@@ -503,18 +532,44 @@ def verify_checkpoint(
         directory: the checkpoint directory.
         hashes: compare digests (reads every file once); False compares only names and sizes.
         share: ``(rank, world_size, all_gather_object)`` to split the hashing across the processes (each
-            hashes every ``world_size``-th file) and agree on the result; every process must then call it.
+            hashes every ``world_size``-th file) and agree on the result, in one collective that also checks that
+            every process names the same directory; every process must then call it.
+        what: the caller named in the error when the processes pass different directories.
 
     Raises:
         CheckpointError (a ValueError): a file was changed, added or removed since the checkpoint was written
             (on every process, when shared).
+        ValueError: the processes passed different directories (on every process).
     """
     directory = Path(directory)
+    rank, world, gather = _split(share)
+    if gather is None:
+        manifest, problems = _check_files(directory, hashes, rank, world)
+    else:
+        failure: Exception | None = None
+        try:
+            manifest, problems = _check_files(directory, hashes, rank, world)
+        except (OSError, ValueError) as err:  # raised on every process below, not here alone (the others would wait)
+            manifest, problems, failure = {}, [], err
+        everyone = gather((str(directory.absolute()), tuple(problems), None if failure is None else str(failure)))
+        check_same_directory([path for path, _, _ in everyone], what)
+        if failure is not None:
+            raise failure
+        failed = [(r, error) for r, (_, _, error) in enumerate(everyone) if error is not None]
+        if failed:
+            raise CheckpointError(f"process {failed[0][0]} cannot open checkpoint {str(directory)!r}: {failed[0][1]}")
+        problems = sorted({problem for _, found, _ in everyone for problem in found})
+    if problems:
+        raise _refusal(directory, problems)
+    return manifest
+
+
+def _check_files(directory: Path, hashes: bool, rank: int, world: int) -> tuple[dict[str, Any], list[str]]:
+    """The manifest, and what this process finds wrong with the names, sizes (its share) and digests (if `hashes`)."""
     manifest = read_manifest(directory)
     expected = manifest.get("files")
     if expected is None:  # format 1 Accelerator directory: complete, but without hashes to check
-        return manifest
-    rank, world, gather = _split(share)
+        return manifest, []
     present = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()} - {MANIFEST_NAME}
     problems = [f"{name} is missing" for name in sorted(set(expected) - present)]
     problems += [f"{name} was added" for name in sorted(present - set(expected))]
@@ -525,15 +580,31 @@ def verify_checkpoint(
             hashes and hash_file(path, algorithm) != _digest(manifest, entry)
         ):
             problems.append(f"{name} was modified")
-    if gather is not None:
-        problems = sorted({problem for found in gather(problems) for problem in found})
-    if problems:
-        raise _refusal(directory, problems)
-    return manifest
+    return manifest, problems
+
+
+def check_same_directory(paths: Sequence[str], what: str) -> None:
+    """Refuse (on every process: each calls it with every process's path) a checkpoint directory that differs
+    between the processes: a checkpoint is one directory each process writes its part into (with
+    ``manifest.json``, written last by the main process), so the others' directories would stay incomplete.
+    Accelerate's own data-loop test gives each process its own ``tempfile.TemporaryDirectory()``; the other process
+    then failed in ``load_state`` ("no manifest.json") and this one in a collective with gloo's "Connection reset by
+    peer"."""
+    normalized = [os.path.normpath(path) for path in paths]
+    if len(set(normalized)) > 1:
+        listed = ", ".join(f"rank {rank} {given!r}" for rank, given in enumerate(normalized))
+        raise ValueError(
+            f"{what}() got a different directory on each process ({listed}); a checkpoint is one directory that every "
+            "process writes its part into (on several machines: the same path on each). Pass the same path on every "
+            "process: a tempfile.TemporaryDirectory() made on each process is not; make it on the main process and share "
+            "its name (accelerator.gather_object([name])[0] or broadcast_object_list), or use "
+            "ProjectConfiguration(automatic_checkpoint_naming=True)"
+        )
 
 
 def open_checkpoint(
-    directory: str | os.PathLike[str], *, share: tuple[int, int, Any] | None = None, hashes: bool = True
+    directory: str | os.PathLike[str], *, share: tuple[int, int, Any] | None = None, hashes: bool = True,
+    what: str = "load_state",
 ) -> CheckpointReader:
     """Read the manifest of a checkpoint, check the names and sizes of its files (no file is read), and return the
     `CheckpointReader` that checks each file's digest as a load reads it.
@@ -541,13 +612,16 @@ def open_checkpoint(
     Args:
         directory: the checkpoint directory.
         share: ``(rank, world_size, all_gather_object)``: the processes agree on every check (each stats every
-            ``world_size``-th file here; see `CheckpointReader.agreed` for the rest); every process must call it.
+            ``world_size``-th file here; see `CheckpointReader.agreed` for the rest) and on the directory, in one
+            collective; every process must call it.
         hashes: False reads the files without checking their digests (names and sizes are still checked).
+        what: the caller named in the error when the processes pass different directories.
 
     Raises:
         CheckpointError (a ValueError): a file is missing, was added or changed size (on every process, when shared).
+        ValueError: the processes passed different directories (on every process).
     """
-    manifest = verify_checkpoint(directory, share=share, hashes=False)
+    manifest = verify_checkpoint(directory, share=share, hashes=False, what=what)
     return CheckpointReader(directory, manifest, hashes=hashes, share=share)
 
 
@@ -574,9 +648,31 @@ class CheckpointReader:
         self.hashes = hashes and self.expected is not None
         self.share = share
         self.checked: set[str] = set()  # the files this process read and found intact
+        self._ahead: dict[str, Future[tuple[Any, str | None]]] = {}  # files mapped and hashed ahead of their use
+        self._helpers: ThreadPoolExecutor | None = None
 
     def path(self, name: str) -> Path:
         return self.directory / name
+
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Map and hash the files `names` ahead, on two helper threads (the hash releases the GIL), while the load
+        parses and copies the files before them: `read` then waits only for a file's own check, and nothing is
+        used before it. The files are read once, as without this; the hashes of two files run at once."""
+        if not self.hashes:
+            return
+        for name in names:
+            if name not in self._ahead and name in (self.expected or {}):
+                if self._helpers is None:
+                    self._helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint-hash")
+                self._ahead[name] = self._helpers.submit(map_file, self.directory / name, self.algorithm)
+
+    def close(self) -> None:
+        """Stop hashing ahead (files not read yet are dropped)."""
+        ahead, self._ahead = self._ahead, {}
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True, cancel_futures=True)
+            self._helpers = None
+        ahead.clear()
 
     def _check(self, name: str, size: int, digest: str) -> None:
         entry = (self.expected or {}).get(name)
@@ -591,7 +687,8 @@ class CheckpointReader:
         hashed in the pass that reads it from disk (`map_file`), so parsing it afterwards reads memory."""
         if not self.hashes:
             return map_file(self.directory / name)[0]
-        data, digest = map_file(self.directory / name, self.algorithm)
+        ahead = self._ahead.pop(name, None)
+        data, digest = ahead.result() if ahead is not None else map_file(self.directory / name, self.algorithm)
         self._check(name, len(data), str(digest))
         return data
 
@@ -646,8 +743,8 @@ class CheckpointReader:
         rank, world, gather = _split(self.share)
         problems = [f"{name} was modified" for name in names[rank::world]
                     if hash_file(self.directory / name, self.algorithm) != _digest(self.manifest, self.expected[name])]  # type: ignore[index]
-        if gather is not None:
-            problems = sorted({problem for found in gather(problems) for problem in found})
+        if gather is not None:  # (a tuple: a gather joins lists into one)
+            problems = sorted({problem for found in gather(tuple(problems)) for problem in found})
         if problems:
             raise _refusal(self.directory, problems)
         self.checked.update(names)
@@ -668,15 +765,19 @@ class CheckpointReader:
             if gather is None:
                 raise
             failure = err
+        finally:
+            self.close()
         checked = set(self.checked)
         if gather is not None:
-            everyone = gather((str(failure) if failure is not None else None, sorted(self.checked)))
+            order = sorted(self.expected or {})  # (the same on every process: names travel as their places in it)
+            mine = tuple(i for i, name in enumerate(order) if name in self.checked)
+            everyone = gather((str(failure) if failure is not None else None, mine))
             errors = [error for error, _ in everyone if error is not None]
             if failure is not None:
                 raise failure
             if errors:
                 raise CheckpointError(errors[0])
-            checked = {name for _, names in everyone for name in names}
+            checked = {order[i] for _, places in everyone for i in places}
         unread = sorted(set(self.expected or {}) - checked)  # the same on every process
         if self.hashes and unread:
             self._check_split(unread)

@@ -250,7 +250,7 @@ class CheckpointStore:
         writer = io.CheckpointWriter(final)
         if main:
             writer.clear_staging()
-        strategy.barrier()
+        self._same_directory(writer)  # (also the wait for process 0's clearing)
         writer.staging.mkdir(parents=True, exist_ok=True)  # nodes without a shared filesystem
         if not async_save:
             collect(None)(writer)
@@ -296,6 +296,18 @@ class CheckpointStore:
         if rank == 0 and not errors:
             for action in after:
                 action()
+
+    def _same_directory(self, writer: io.CheckpointWriter) -> None:
+        """Every process waits here until process 0 cleared the staging, and all refuse a checkpoint directory that
+        differs between them (`checkpoint_io.check_same_directory`), before any of them writes: one collective."""
+        if self.strategy.world_size == 1:
+            return
+        try:
+            io.check_same_directory(self.strategy.all_gather_object(str(writer.final)), "save_state")
+        except ValueError:
+            if self.strategy.rank == 0:  # nothing stays behind of a save that never began
+                shutil.rmtree(writer.staging, ignore_errors=True)
+            raise
 
     def _background_group(self) -> Any:
         """A gloo group of all processes for the background part (created once, by every process in step)."""

@@ -9,6 +9,7 @@ trims; shapes that differ in any other dimension, or dtypes or device types that
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,9 +46,9 @@ def _dtype_code(dtype: torch.dtype) -> int:
     return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
 
 
-def _gather_shapes(tensor: torch.Tensor) -> list[list[int]]:
+def _gather_shapes(tensor: torch.Tensor, group: Any = None) -> list[list[int]]:
     """All-gather every rank's shape; raise `ValueError` on every rank when dtypes or device types differ."""
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     if tensor.ndim > 8:
         raise ValueError(f"cannot gather a tensor with {tensor.ndim} dimensions; at most 8 are supported")
     # Dtype and device type travel with the shape so that every rank sees a mismatch and raises, instead of
@@ -58,7 +59,7 @@ def _gather_shapes(tensor: torch.Tensor) -> list[list[int]]:
         device=tensor.device, dtype=torch.long,
     )
     metas = [torch.empty_like(meta) for _ in range(world)]
-    dist.all_gather(metas, meta)
+    dist.all_gather(metas, meta, group=group)
     dtypes = [int(m[1]) for m in metas]
     devices = [int(m[2]) for m in metas]
     if len(set(dtypes)) > 1 or len(set(devices)) > 1:
@@ -73,14 +74,15 @@ def _gather_shapes(tensor: torch.Tensor) -> list[list[int]]:
     return [m[3 : 3 + int(m[0])].tolist() for m in metas]
 
 
-def gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """All-gather one tensor and concatenate along dim 0 (0-dim tensors become a 1-D tensor of size world)."""
+def gather_tensor(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """All-gather one tensor (over `group`, default all processes) and concatenate along dim 0 (0-dim tensors become
+    a 1-D tensor of the group's size)."""
     if not is_distributed():
         return tensor.unsqueeze(0) if tensor.ndim == 0 else tensor
     if tensor.ndim == 0:
         tensor = tensor.unsqueeze(0)
     tensor = tensor.contiguous()
-    shapes = _gather_shapes(tensor)
+    shapes = _gather_shapes(tensor, group)
     if any(len(s) != tensor.ndim or s[1:] != list(tensor.shape[1:]) for s in shapes):
         raise ValueError(
             f"cannot gather tensors whose shapes differ beyond dim 0 across processes: {shapes}; "
@@ -93,35 +95,65 @@ def gather_tensor(tensor: torch.Tensor) -> torch.Tensor:
     else:
         padded = tensor
     out = [torch.empty_like(padded) for _ in shapes]
-    dist.all_gather(out, padded)
+    dist.all_gather(out, padded, group=group)
     return torch.cat([o[: s[0]] for o, s in zip(out, shapes)], dim=0)
 
 
-def gather(data: Any) -> Any:
-    """All-gather every tensor of a nested structure (concatenated along dim 0)."""
-    return apply_to_tensors(gather_tensor, data)
+def gather(data: Any, group: Any = None) -> Any:
+    """All-gather every tensor of a nested structure (concatenated along dim 0), over `group` (default: all processes)."""
+    return apply_to_tensors(lambda t: gather_tensor(t, group), data)
 
 
 def gather_object(obj: Any) -> list[Any]:
     """Gather picklable objects; lists are concatenated, anything else becomes one entry per rank."""
     if not is_distributed():
         return list(obj) if isinstance(obj, list) else [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out = all_gather_object(obj)
     if all(isinstance(o, list) for o in out):
         return [x for o in out for x in o]
     return out
 
 
-def pad_tensor_across_processes(tensor: torch.Tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> torch.Tensor:
+_ONE_ROUND = 4096  # bytes: a pickled object up to this size is gathered in one collective
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every process's `obj`, one entry per rank (`dist.all_gather_object`), in one collective when every pickled
+    object fits `_ONE_ROUND` bytes (flags, paths, file lists): each process sends a fixed-size buffer that carries
+    its object's length, so no round of sizes goes first. A larger object takes a second round. Other backends than
+    gloo use `dist.all_gather_object` as it is."""
+    if dist.get_backend() != "gloo":
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    data = pickle.dumps(obj)
+    buffer = torch.zeros(8 + _ONE_ROUND, dtype=torch.uint8)
+    buffer[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+    if len(data) <= _ONE_ROUND:
+        buffer[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffers = [torch.empty_like(buffer) for _ in range(dist.get_world_size())]
+    dist.all_gather(buffers, buffer)
+    sizes = [int(b[:8].view(torch.int64)) for b in buffers]
+    if max(sizes) <= _ONE_ROUND:
+        return [pickle.loads(b[8 : 8 + n].numpy().tobytes()) for b, n in zip(buffers, sizes)]
+    whole = torch.zeros(max(sizes), dtype=torch.uint8)
+    whole[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffers = [torch.empty_like(whole) for _ in sizes]
+    dist.all_gather(buffers, whole)
+    return [pickle.loads(b[:n].numpy().tobytes()) for b, n in zip(buffers, sizes)]
+
+
+def pad_tensor_across_processes(
+    tensor: torch.Tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False, group: Any = None
+) -> torch.Tensor:
     if not is_distributed() or tensor.ndim == 0:
         return tensor
     if dim >= tensor.ndim or dim < -tensor.ndim:
         raise ValueError(f"dim={dim} is out of range for a tensor with {tensor.ndim} dimensions")
     dim = dim % tensor.ndim
     size = torch.tensor([tensor.shape[dim]], device=tensor.device, dtype=torch.long)
-    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, size, group=group)
     max_size = max(int(s.item()) for s in sizes)
     if max_size == tensor.shape[dim]:
         return tensor
@@ -135,16 +167,17 @@ def pad_tensor_across_processes(tensor: torch.Tensor, dim: int = 0, pad_index: i
     return out
 
 
-def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-    """Pad every tensor along `dim` to the largest size over all processes."""
-    return apply_to_tensors(lambda t: pad_tensor_across_processes(t, dim, pad_index, pad_first), data)
+def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, group: Any = None) -> Any:
+    """Pad every tensor along `dim` to the largest size over the processes of `group` (default: all)."""
+    return apply_to_tensors(lambda t: pad_tensor_across_processes(t, dim, pad_index, pad_first, group), data)
 
 
 _REDUCTIONS = ("sum", "mean", "max", "min")
 
 
-def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """All-reduce every tensor (``"sum"``, ``"mean"``, ``"max"``, ``"min"``); returns new tensors."""
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0, group: Any = None) -> Any:
+    """All-reduce every tensor (``"sum"``, ``"mean"``, ``"max"``, ``"min"``) over `group` (default: all processes);
+    returns new tensors."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is not supported; choose one of {', '.join(map(repr, _REDUCTIONS))}")
 
@@ -152,9 +185,9 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         out = t.clone()
         if is_distributed():
             op = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduction]
-            dist.all_reduce(out, op=op)
+            dist.all_reduce(out, op=op, group=group)
             if reduction == "mean":
-                out = out / dist.get_world_size()
+                out = out / dist.get_world_size(group)
         return out * scale if scale != 1.0 else out
 
     return apply_to_tensors(_reduce, data)

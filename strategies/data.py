@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils.data import (
@@ -639,9 +639,9 @@ class DataLoaderShard(DataLoader):
             if target is not None and hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
         # Accelerate tells a map-style data set the epoch too, unless (with several processes) the sampler took it
-        if isinstance(shard, BatchSamplerShard) and hasattr(self.dataset, "set_epoch"):
-            if shard.num_processes == 1 or not hasattr(targets[2], "set_epoch"):
-                self.dataset.set_epoch(epoch)
+        several = isinstance(shard, BatchSamplerShard) and shard.num_processes > 1
+        if isinstance(shard, BatchSamplerShard) and hasattr(self.dataset, "set_epoch") and not (several and hasattr(targets[2], "set_epoch")):
+            self.dataset.set_epoch(epoch)
 
 
 _END = object()
@@ -658,7 +658,7 @@ def _ordered(batch_sampler: Any, seed: int | None, num_processes: int) -> tuple[
     Without, the sampler is kept; with several processes a sampler with a ``generator`` attribute left at ``None``
     gets a generator seeded by one draw from torch's global RNG, as Accelerate gives it (on the sampler itself).
     """
-    sampler = getattr(batch_sampler, "sampler", None)
+    sampler: Any = getattr(batch_sampler, "sampler", None)
     if seed is not None:
         if not isinstance(sampler, RandomSampler):
             return batch_sampler, None

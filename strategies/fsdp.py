@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +33,8 @@ from strategies.base import Strategy, best_device, materialize_if_empty, repoint
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
+from strategies.mesh import ParallelDims
+from strategies.tensor_parallel import apply_tensor_parallel
 from strategies.materialize import allocate_empty, full_state, has_meta_tensors, scatter_from_rank0, to_meta
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
@@ -138,6 +140,14 @@ class FSDPStrategy(Strategy):
             meta device (``trainer.init_empty_weights()``), so only one process ever holds the full model.
         mixed_precision_policy: an explicit `torch.distributed.fsdp.MixedPrecisionPolicy` (instead of the one
             `precision` implies; e.g. fp32 master shards with bf16 compute and bf16 gradient reduction).
+        parallel_dims: a `strategies.mesh.ParallelDims` (``dp_replicate``, ``dp_shard``, ``tp``) for an N-D mesh: HSDP
+            (sharded inside a ``dp_shard`` group, replicated across ``dp_replicate``) and tensor parallelism (layers
+            split over ``tp`` by `tp_plan`, before activation checkpointing and sharding: torchtitan's order). Default:
+            every process shards (``dp_shard=-1``).
+        tp_plan: with ``tp > 1``, submodule names → parallel styles (`strategies.tensor_parallel`); None: the model's
+            own plan (`transformers` models carry one).
+        device_mesh: Lightning's HSDP spelling, ``(replicas, shards)``: the same as
+            ``parallel_dims=ParallelDims(dp_replicate=replicas, dp_shard=shards)``.
         **unsupported: refused with a `TypeError` naming the supported arguments.
     """
 
@@ -163,13 +173,16 @@ class FSDPStrategy(Strategy):
         auto_wrap_policy: Iterable[type[nn.Module] | str] | None = None,
         cpu_ram_efficient_loading: bool = False,
         mixed_precision_policy: Any = None,
+        parallel_dims: ParallelDims | None = None,
+        tp_plan: Mapping[str, Any] | None = None,
+        device_mesh: tuple[int, int] | None = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
             raise TypeError(
                 f"FSDPStrategy got unsupported arguments {sorted(unsupported)}; it takes wrap_classes (auto_wrap_policy), "
                 "min_num_params, reshard_after_forward, cpu_offload, activation_checkpointing_policy, cpu_ram_efficient_loading, "
-                "mixed_precision_policy, precision, cpu, timeout, backend"
+                "mixed_precision_policy, parallel_dims, tp_plan, device_mesh, precision, cpu, timeout, backend"
             )
         if activation_checkpointing is not None and activation_checkpointing_policy is not None:
             raise ValueError("pass activation_checkpointing_policy or activation_checkpointing (its older name), not both")
@@ -207,14 +220,38 @@ class FSDPStrategy(Strategy):
         if mixed_precision_policy is not None:
             _check_policy(mixed_precision_policy)
             self.precision.policy = mixed_precision_policy
-        self.mesh: Any = None
+        self.dims = _parallel_dims(parallel_dims, device_mesh, cluster.world_size)
+        if tp_plan is not None and not self.dims.tp_enabled:
+            raise ValueError(f"tp_plan was given but tp=1 ({self.dims}); pass parallel_dims=ParallelDims(tp=...) too, or leave tp_plan out")
+        if self.dims.n_d and self.cpu_ram_efficient_loading:
+            raise NotImplementedError(
+                f"cpu_ram_efficient_loading with an N-D mesh ({self.dims}) is not available yet; build the model on every "
+                "process (or on the meta device everywhere: it is then initialized shard by shard)"
+            )
+        self.tp_plan = tp_plan
+        self.mesh: Any = None  # what fully_shard shards over
+        self.device_mesh: Any = None  # the whole mesh (named dimensions: strategies.mesh)
         self._owns_group = False
 
     def setup_environment(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        if self.dims.n_d:
+            self.device_mesh = self.dims.build_mesh(self.device.type)
+            self.mesh = self.dims.fsdp_mesh(self.device_mesh)
+            if self.dims.tp_enabled:
+                self.data_parallel_group = self.device_mesh["dp"].get_group()
+        else:
+            self.mesh = self.device_mesh = init_device_mesh(self.device.type, (self.world_size,))
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.dims.coordinates(self.rank)["dp"]
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.dims.dp_size
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Build on the meta device (unless ``empty_init=False``): `setup_module` shards the empty model, then each
@@ -242,11 +279,13 @@ class FSDPStrategy(Strategy):
         target = torch.device("cpu") if self.cpu_offload else self.device
         if move and not empty:
             module = module.to(target)
+        before = list(module.named_parameters(remove_duplicate=False))  # (an optimizer built on these is re-pointed)
+        if self.dims.tp_enabled:  # tensor parallel first, then activation checkpointing, then sharding (torchtitan's order)
+            apply_tensor_parallel(module, self.device_mesh["tp"], self.tp_plan)
         if self.activation_checkpointing is not None:
             policy = self.activation_checkpointing
             policy = _resolve_no_split(module, tuple(policy)) if not callable(policy) else policy
             apply_activation_checkpointing(module, policy)
-        before = list(module.named_parameters(remove_duplicate=False))
         apply_fsdp(
             module,
             self.mesh,
@@ -348,6 +387,22 @@ class FSDPStrategy(Strategy):
     def teardown(self) -> None:
         leave_process_group(self._owns_group)
         self._owns_group = False
+
+
+def _parallel_dims(dims: ParallelDims | None, device_mesh: Any, world_size: int) -> ParallelDims:
+    if dims is not None and device_mesh is not None:
+        raise ValueError("pass parallel_dims or device_mesh (Lightning's HSDP shorthand), not both")
+    if device_mesh is not None:
+        if not (isinstance(device_mesh, tuple) and len(device_mesh) == 2 and all(isinstance(n, int) for n in device_mesh)):
+            raise TypeError(f"device_mesh={device_mesh!r} must be a tuple (replicas, shards), e.g. (2, 4) for HSDP on 8 processes")
+        return ParallelDims(world_size=world_size, dp_replicate=device_mesh[0], dp_shard=device_mesh[1])
+    if dims is None:
+        return ParallelDims(world_size=world_size)
+    if not isinstance(dims, ParallelDims):
+        raise TypeError(f"parallel_dims={dims!r} must be a strategies.mesh.ParallelDims")
+    if dims.world_size != world_size:
+        raise ValueError(f"parallel_dims is for {dims.world_size} processes ({dims}), but this run has {world_size}")
+    return dims
 
 
 def _check_policy(policy: Any) -> None:

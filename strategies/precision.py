@@ -362,6 +362,12 @@ class DeepSpeedPrecision(Precision):
     def uses_autocast(self) -> bool:
         return False  # the engine computes in its dtype
 
+    def configure_scaler(self, **kwargs: Any) -> None:
+        raise ValueError(
+            f"loss-scaler settings {kwargs!r}: DeepSpeed scales fp16 losses itself; set them in the DeepSpeed config's 'fp16' "
+            "section (initial_scale_power, loss_scale_window, hysteresis, min_loss_scale) and drop GradScalerKwargs"
+        )
+
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

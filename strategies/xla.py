@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -63,6 +64,32 @@ def import_xla() -> tuple[Any, Any, Any]:
     return torch_xla, xm, xr
 
 
+def running_xla() -> Any:
+    """``torch_xla.core.xla_model`` when this process has started torch_xla's runtime (it computes on an XLA device),
+    else None. Cheap: imports and starts nothing."""
+    xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
+    if xlac is None or not xlac._xla_runtime_is_initialized():
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return xm
+
+
+_pending_seed: list[int] = []  # the seed of a `seed_xla` before the runtime started, applied by XLAStrategy
+
+
+def seed_xla(seed: int) -> None:
+    """Seed the XLA device's generator (``set_seed`` seeds every device; ``torch.manual_seed`` does not reach XLA's):
+    now when this process's runtime is up, else when `XLAStrategy` starts it. It never starts the runtime itself: a
+    launcher's parent process must not, and a CPU run need not."""
+    xm = running_xla()
+    if xm is not None:
+        xm.set_rng_state(seed % 2**64)
+        _pending_seed.clear()
+    else:
+        _pending_seed[:] = [seed]
+
+
 def _check_xla_precision(precision: str) -> None:
     """Refuse what XLA cannot run, before torch_xla is imported: fp16 and the true modes."""
     mode = normalize_precision(precision)
@@ -85,6 +112,7 @@ class XLAStrategy(Strategy):
     """
 
     name = "xla"
+    load_location = "cpu"  # torch.load cannot restore a storage onto an XLA device; load_state_dict moves it there
 
     def __init__(self, *, cluster: ClusterEnvironment | None = None, cpu: bool = False, precision: str = "no", timeout: float | None = None) -> None:
         if cpu:
@@ -98,6 +126,8 @@ class XLAStrategy(Strategy):
                 local_world_size=int(xr.local_process_count()) if hasattr(xr, "local_process_count") else 1, source="xla",
             )
         device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+        if _pending_seed:  # set_seed ran before the runtime started
+            seed_xla(_pending_seed[0])
         super().__init__(cluster=cluster, device=device, precision=precision)
         self._optimizers: list[torch.optim.Optimizer] = []  # prepared here: their gradients are reduced before clipping
         self._reduced: set[int] = set()
@@ -160,8 +190,13 @@ class XLAStrategy(Strategy):
 
     def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
         """As the base class, with every tensor moved to the CPU first (what ``xm.save`` does; that move is the copy an
-        asynchronous save needs, so `staging` is not used); rank 0 writes."""
+        asynchronous save needs, so `staging` is not used); rank 0 writes.
+
+        The step marker that runs what is pending leaves the device's generator as it was: every ``mark_step``
+        advances XLA's seed, and a run that saves must draw what the same run without saves (or resumed here) draws."""
+        seed = self._xm.get_rng_state()
         self._xm.mark_step()
+        self._xm.set_rng_state(seed)
         states = [self.module_state_dict(m) for m in models]
         if self.rank != 0:
             return lambda writer: None

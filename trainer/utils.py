@@ -17,6 +17,7 @@ from callbacks.trackers.registry import LoggerType
 from strategies.collectives import broadcast, broadcast_object, gather, gather_object, pad_across_processes, reduce
 from strategies.data import find_batch_size
 from strategies.data import send_to_device as _send_to_device
+from strategies.xla import seed_xla
 from trainer.accelerator.availability import (
     is_4bit_bnb_available,
     is_8bit_bnb_available,
@@ -167,7 +168,7 @@ from trainer.unsupported import unsupported_names
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seed python, numpy and torch (all devices). ``device_specific`` adds the process rank."""
+    """Seed python, numpy and torch (all devices, an XLA device's too). ``device_specific`` adds the process rank."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed={seed!r} must be an int")
     if device_specific:
@@ -175,6 +176,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    seed_xla(seed)  # (torch.manual_seed does not reach XLA's generator; this imports and starts nothing)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 

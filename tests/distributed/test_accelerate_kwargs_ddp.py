@@ -131,7 +131,7 @@ def _local_sgd_reference(world_size: int) -> list[torch.Tensor]:
     def average() -> None:
         with torch.no_grad():
             for params in zip(*(m.parameters() for m in models)):
-                mean = torch.stack([p for p in params]).mean(0)
+                mean = torch.stack(list(params)).mean(0)
                 for p in params:
                     p.copy_(mean)
 
@@ -183,7 +183,7 @@ def _profile(trace_dir: str) -> dict:
     acc = Accelerator(cpu=True, kwargs_handlers=[handler])
     model = acc.prepare(_net())
     with acc.profile() as prof:
-        for step in range(6):
+        for _ in range(6):
             _grads(acc, model)
             prof.step()
     trace = json.loads(Path(trace_dir, f"profile_{acc.process_index}.json").read_text())

@@ -33,7 +33,6 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     Sampler,
-    SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
@@ -104,7 +103,6 @@ class Buckets(Sampler[list[int]]):
 def _loader(case: str) -> tuple[DataLoader, dict[str, Any], Callable[[], None] | None]:
     """The case's loader, the DataLoaderConfiguration arguments, and what runs right after `prepare`."""
     config: dict[str, Any] = {}
-    after = None
     if case in ("shuffle", "device_specific", "rng_torch", "skip_first", "break_first", "zip"):
         return DataLoader(Ids(), batch_size=3, shuffle=True), config, None
     if case == "workers":
@@ -251,7 +249,8 @@ def record(framework: str) -> dict[str, Any]:
     for p in procs:
         p.join(timeout=60)
     out["2"] = {case: [results[0][case], results[1][case]] for case in CASES}
-    out[framework] = importlib.import_module(framework).__version__ if framework == "accelerate" else "ours"
+    version = importlib.import_module(framework).__version__ if framework == "accelerate" else "ours"
+    out[framework] = f"{framework} {version}"
     return out
 
 
@@ -262,9 +261,13 @@ if __name__ == "__main__":
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     result = record(args.framework)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=None, separators=(",", ":"), sort_keys=True)
-        f.write("\n")
+    with open(args.out, "w") as f:  # one case a line, so a new recording diffs by case
+        f.write("{\n")
+        f.write(f'"framework": {json.dumps(result[args.framework])},\n"torch": {json.dumps(result["torch"])},\n')
+        for i, n in enumerate(("1", "2")):
+            cases = ",\n".join(f"  {json.dumps(case)}: {json.dumps(result[n][case], separators=(',', ':'))}" for case in CASES)
+            f.write(f'"{n}": {{\n{cases}\n}}{"," if i == 0 else ""}\n')
+        f.write("}\n")
 
 
 def differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:

@@ -21,6 +21,9 @@ from trainer.fit.trainer import Trainer
 
 _NOT_HOOKS = {"state_dict", "load_state_dict", "idle_batch_hooks"}
 _TRANSFER_HOOKS = {"on_before_batch_transfer", "on_after_batch_transfer"}
+# Lightning's module-only hooks around an evaluation loop (no callback has them; the loop calls them itself)
+_MODEL_MODE_HOOKS = {"on_validation_model_eval", "on_validation_model_train", "on_test_model_eval", "on_test_model_train",
+                     "on_predict_model_eval"}
 
 
 def test_the_callback_base_has_one_method_per_event_in_loop_order() -> None:
@@ -29,7 +32,7 @@ def test_the_callback_base_has_one_method_per_event_in_loop_order() -> None:
 
 
 def test_the_module_has_one_hook_per_module_event() -> None:
-    hooks = {name for name in vars(TrainModule) if (name.startswith("on_") or name in ("setup", "teardown")) and name not in _TRANSFER_HOOKS}
+    hooks = {name for name in vars(TrainModule) if (name.startswith("on_") or name in ("setup", "teardown")) and name not in _TRANSFER_HOOKS | _MODEL_MODE_HOOKS}
     assert hooks == set(MODULE_EVENTS)
 
 

@@ -88,11 +88,15 @@ def test_fit_validates_every_loader_and_sanity_checks_each(tmp_path: Any) -> Non
     assert {"mean/dataloader_idx_0", "mean/dataloader_idx_1"} <= set(trainer.callback_metrics)
 
 
-def test_loader_lists_that_cannot_work_are_refused(tmp_path: Any) -> None:
-    with pytest.raises(TypeError, match="pass a list of DataLoaders"):
-        _trainer(tmp_path).validate(TwoLoaders(), {"a": _data([1.0])})
-    with pytest.raises(ValueError, match="one train dataloader is supported, got 2"):
-        _trainer(tmp_path, max_epochs=1).fit(TwoLoaders(), [_data([1.0]), _data([2.0])])
+def test_combined_loader_modes_that_cannot_work_are_refused(tmp_path: Any) -> None:
+    """Lightning's rule: training refuses ``sequential``; evaluation takes only ``sequential`` (several train loaders and
+    dicts of loaders run: tests/integration/test_lightning_scripts.py::test_several_train_loaders_and_combined_loader_modes)."""
+    from trainer.utilities import CombinedLoader
+
+    with pytest.raises(ValueError, match=r"CombinedLoader\(mode='max_size_cycle'\) is not supported for the val dataloaders"):
+        _trainer(tmp_path).validate(TwoLoaders(), CombinedLoader({"a": _data([1.0])}, "max_size_cycle"))
+    with pytest.raises(ValueError, match=r"CombinedLoader\(mode='sequential'\) is not supported for the train dataloaders"):
+        _trainer(tmp_path, max_epochs=1).fit(TwoLoaders(), CombinedLoader([_data([1.0]), _data([2.0])], "sequential"))
 
 
 class Transfers(TwoLoaders):

@@ -412,12 +412,12 @@ class Accelerator(ProcessLayout):
             # differently (set_seed(device_specific=True)) still share one order: every sample once per epoch.
             seed = config.data_seed if config.data_seed is not None else torch.random.initial_seed()
             seed = self._data_seed = int(self.strategy.broadcast_object(seed, 0))
-        several = shard and self.num_processes > 1
+        several = shard and self.strategy.data_parallel_size > 1
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
-            num_processes=self.num_processes if shard else 1,
-            process_index=self.process_index if shard else 0,
+            num_processes=self.strategy.data_parallel_size if shard else 1,  # (a tensor-parallel group shares a batch)
+            process_index=self.strategy.data_parallel_rank if shard else 0,
             split_batches=self.split_batches and shard,
             even_batches=self.even_batches if even_batches is None else bool(even_batches),
             put_on_device=self.device_placement if device_placement is None else device_placement,

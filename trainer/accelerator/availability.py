@@ -157,7 +157,7 @@ def is_npu_available(check_device: bool = False) -> bool:
     import torch_npu  # noqa: F401  (registers torch.npu)
 
     available = _device_module_available("npu")
-    return available and (not check_device or torch.npu.device_count() > 0)
+    return available and (not check_device or torch.npu.device_count() > 0)  # type: ignore[attr-defined]
 
 
 def _vendor_device(package: str, module: str) -> Callable[..., bool]:

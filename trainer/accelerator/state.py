@@ -129,7 +129,6 @@ def save_state(
         raise ValueError("save_state() needs an output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
     else:
         final = Path(output_dir)
-    same_directory_everywhere(accelerator, final, "save_state")
     strategy, rank, main = accelerator.strategy, accelerator.process_index, accelerator.is_main_process
 
     def collect(staging: Staging | None) -> Write:
@@ -140,11 +139,11 @@ def save_state(
         if staging is not None:
             shared = staging.copy("shared", shared)
 
-        def write(writer: io.CheckpointWriter) -> None:
-            write_weights(writer)
+        def write(writer: io.CheckpointWriter) -> None:  # (the small files first: they reach the disk while the weights are written)
             writer.save_safetensors(store.rng_file(rank), rng_tensors, metadata=rng_meta)
             for name, (kind, data) in shared.items():
                 writer.save_json(name, data) if kind == "json" else writer.save_torch(name, data)
+            write_weights(writer)
 
         return write
 
@@ -163,26 +162,6 @@ def save_state(
             accelerator.checkpoints.after_commit(prune)
         config.iteration += 1
     return result if async_save else str(final)
-
-
-def same_directory_everywhere(accelerator: Accelerator, path: Path, what: str) -> None:
-    """Refuse, on every process and before anything is written or read, a checkpoint directory that differs between
-    the processes: a checkpoint is one directory each process writes its part into (with ``manifest.json``, written
-    last by the main process), so the others' directories would stay incomplete. Accelerate's own data-loop test gives
-    each process its own ``tempfile.TemporaryDirectory()``; the other process then failed in ``load_state`` ("no
-    manifest.json") and this one in a collective with gloo's "Connection reset by peer"."""
-    if accelerator.num_processes == 1:
-        return
-    paths = accelerator.strategy.all_gather_object(os.path.normpath(str(path)))
-    if len(set(paths)) > 1:
-        listed = ", ".join(f"rank {rank} {given!r}" for rank, given in enumerate(paths))
-        raise ValueError(
-            f"{what}() got a different directory on each process ({listed}); a checkpoint is one directory that every "
-            "process writes its part into (on several machines: the same path on each). Pass the same path on every "
-            "process: a tempfile.TemporaryDirectory() made on each process is not; make it on the main process and share "
-            "its name (accelerator.gather_object([name])[0] or broadcast_object_list), or use "
-            "ProjectConfiguration(automatic_checkpoint_naming=True)"
-        )
 
 
 def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
@@ -237,9 +216,8 @@ def load_state(
     """
     accelerator.checkpoints.wait()
     path = resolve_load_dir(accelerator, input_dir)
-    same_directory_everywhere(accelerator, path, "load_state")
     share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
-    reader = io.open_checkpoint(path, share=share, hashes=verify)
+    reader = io.open_checkpoint(path, share=share, hashes=verify, what="load_state")  # (the same directory everywhere, too)
     manifest = reader.manifest
     _check_process_count(manifest, path, accelerator.num_processes)
     for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):

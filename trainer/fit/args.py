@@ -17,7 +17,7 @@ from callbacks.base import Callback
 from strategies import REGISTRY, Strategy, normalize_precision, resolve_auto
 from strategies.environment import detect_environment
 from trainer.accelerator import Accelerator
-from trainer.accelerator.config import TorchDynamoPlugin
+from trainer.accelerator.config import DataLoaderConfiguration, TorchDynamoPlugin
 from trainer.fit.plugins import check_plugins
 from trainer.launchers import can_rerun_current_script, launch_current_script
 
@@ -377,6 +377,8 @@ def build_accelerator(args: TrainerArgs) -> Accelerator:
         step_scheduler_with_optimizer=False,
         process_group_timeout=args.process_group_timeout,
         dynamo_plugin=args.compile,
+        # shuffling by seed + epoch (no RNG synchronization per epoch); a stream's last step completed from its start
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, dispatch_batches=False),
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -74,9 +75,10 @@ class TrainBatch:
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
         self.clip_optimizers = [self.inner_optimizer] if self.optimizer is not None else []
-        # Lightning's optimizer_step/configure_gradient_clipping overrides: decided here, once; else the plain path
+        # Lightning's optimizer_step/configure_gradient_clipping overrides, or an optimizer whose step needs the closure
+        # (LBFGS): decided here, once; else the plain path
         self.custom_clipping = overrides(module, "configure_gradient_clipping", TrainModule)
-        hooked = self.custom_clipping or overrides(module, "optimizer_step", TrainModule)
+        hooked = self.custom_clipping or overrides(module, "optimizer_step", TrainModule) or _needs_closure(self.inner_optimizer)
         self.automatic = self._automatic_through_hook if hooked and self.optimizer is not None else self._automatic
         self.step_optimizer = StepOptimizer(self) if hooked and self.optimizer is not None else None
 
@@ -337,6 +339,16 @@ def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
             "trainer.nonfinite_skipped counts them; this warning is shown once per fit",
             stacklevel=4,
         )
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether `optimizer`'s ``step`` cannot run without a closure (``torch.optim.LBFGS``)."""
+    step = getattr(optimizer, "step", None)
+    try:
+        parameter = inspect.signature(step).parameters.get("closure") if step is not None else None
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def _inner(optimizer: Any) -> Any:

@@ -1,13 +1,15 @@
 """``lightning.pytorch.plugins`` under the rename: the precision objects (`trainer.plugins.precision`) and the
 environment names (`trainer.plugins.environments`, none offered).
 
-Lightning's checkpoint IO plugins (``CheckpointIO``, ``TorchCheckpointIO``, ``AsyncCheckpointIO``, ``XLACheckpointIO``)
-belong to the checkpoint store, which writes checkpoint directories (docs/checkpoints.md); they are added there.
+``AsyncCheckpointIO`` (`trainer.plugins.io`) makes the Trainer's checkpoints asynchronous; the file-writing plugins
+(``CheckpointIO``, ``TorchCheckpointIO``, ``XLACheckpointIO``) are not offered: one checkpoint store writes every
+checkpoint (docs/checkpoints.md).
 """
 
 from __future__ import annotations
 
 from trainer.lightning_api import not_offered
+from trainer.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO, XLACheckpointIO
 from trainer.plugins.precision import (
     BitsandbytesPrecision,
     DeepSpeedPrecision,
@@ -25,6 +27,6 @@ LayerSync = not_offered("LayerSync", "lightning.pytorch.plugins", _SYNC_BATCHNOR
 TorchSyncBatchNorm = not_offered("TorchSyncBatchNorm", "lightning.pytorch.plugins", _SYNC_BATCHNORM, module=__name__)
 
 __all__ = [
-    "BitsandbytesPrecision", "DeepSpeedPrecision", "DoublePrecision", "FSDPPrecision", "HalfPrecision", "LayerSync",
+    "AsyncCheckpointIO", "BitsandbytesPrecision", "CheckpointIO", "TorchCheckpointIO", "XLACheckpointIO", "DeepSpeedPrecision", "DoublePrecision", "FSDPPrecision", "HalfPrecision", "LayerSync",
     "MixedPrecision", "Precision", "TorchSyncBatchNorm", "TransformerEnginePrecision", "XLAPrecision",
 ]

@@ -86,7 +86,7 @@ class TwoOptimizers(Model):
         return []
 
     def training_step(self, batch, batch_idx):
-        first, second = self.optimizers()
+        first, _ = self.optimizers()
         with self.toggled_optimizer(first):
             self.toggled.append([p.requires_grad for p in self.parameters()])
             loss = torch.nn.functional.mse_loss(self.head(self(batch[0])), batch[1])

@@ -3,8 +3,9 @@ override that clips by value with its own threshold."""
 import json
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 from lightning.pytorch import LightningModule, Trainer, seed_everything
+from torch.utils.data import DataLoader, TensorDataset
+
 
 class WarmUp(LightningModule):
     def __init__(self, lr=0.1, warmup=4):
@@ -28,6 +29,7 @@ class WarmUp(LightningModule):
                 group["lr"] = scale * self.hparams.lr
         self.seen.append([epoch, batch_idx, self.trainer.global_step, optimizer.param_groups[0]["lr"]])
 
+
 class Clipping(WarmUp):
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
         optimizer.step(closure=optimizer_closure)
@@ -36,16 +38,19 @@ class Clipping(WarmUp):
         self.seen.append([gradient_clip_val, gradient_clip_algorithm == "value", float(self.layer.weight.grad.abs().max())])
         self.clip_gradients(optimizer, gradient_clip_val=0.01, gradient_clip_algorithm="value")
 
+
 def run(cls, **trainer_args):
     seed_everything(0, verbose=False)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(12, 2, generator=g); y = x.sum(1, keepdim=True) * 3
+    x = torch.randn(12, 2, generator=g)
+    y = x.sum(1, keepdim=True) * 3
     module = cls()
     trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", **trainer_args)
     trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=2))
     return {"global_step": trainer.global_step, "epoch": trainer.current_epoch, "seen": module.seen,
             "weight": module.layer.weight.detach().flatten().tolist(), "bias": module.layer.bias.detach().tolist()}
+
 
 if __name__ == "__main__":
     out = {"warmup": run(WarmUp), "warmup_accumulate": run(WarmUp, accumulate_grad_batches=4),

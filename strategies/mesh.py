@@ -1,0 +1,116 @@
+"""One description of how the processes divide the work: `ParallelDims` and the device mesh built from it.
+
+After torchtitan's ``ParallelDims``: a size per dimension — ``dp_replicate`` (data-parallel replicas: HSDP's
+replicate dimension, across machines), ``dp_shard`` (FSDP's shard dimension), ``tp`` (tensor parallel, inside a
+machine) — whose product is the number of processes; ``-1`` means "the rest". The mesh has those dimensions in that
+order (``tp`` innermost, so a tensor-parallel group is neighbouring ranks, on one machine), plus the flattened
+sub-meshes other code asks for by name:
+
+* ``"dp"`` = ``dp_replicate × dp_shard``: the data-parallel processes. Every process of one ``tp`` group sees the
+  same batch; data loading, ``gather_for_metrics`` and ``self.log(sync_dist=True)`` work over ``"dp"`` only.
+* ``"dp_shard"`` / ``("dp_replicate", "dp_shard")``: what ``fully_shard`` shards over (HSDP with both).
+* ``"tp"``: what ``parallelize_module`` splits layers over.
+
+Context parallelism (``cp``) is not built yet: a size other than 1 is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Sizes of the parallel dimensions, checked against the number of processes.
+
+    Args:
+        dp_replicate: data-parallel replicas (HSDP's replicate dimension); 1 for none.
+        dp_shard: processes each model replica is sharded over (FSDP); ``-1``: the processes the others leave.
+        tp: tensor-parallel degree; 1 for none.
+        cp: context parallelism; only 1 is supported.
+        world_size: the number of processes.
+
+    Raises:
+        ValueError: a size is not a positive int (or ``-1``), more than one is ``-1``, or their product is not
+            `world_size` (the message names the product and a fix).
+    """
+
+    world_size: int
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    cp: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp, "cp": self.cp}
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+                raise ValueError(f"{name}={size!r} must be a positive int, or -1 for the processes the other dimensions leave")
+        if self.cp != 1:
+            raise NotImplementedError(
+                f"cp={self.cp}: context parallelism is not available yet; use dp_replicate, dp_shard and tp (cp=1)"
+            )
+        rest = [name for name, size in sizes.items() if size == -1]
+        if len(rest) > 1:
+            raise ValueError(f"only one dimension may be -1 (the rest), got {', '.join(f'{n}=-1' for n in rest)}")
+        known = math.prod(size for size in sizes.values() if size != -1)
+        if rest:
+            if self.world_size % known:
+                raise ValueError(
+                    f"{' × '.join(f'{n}={s}' for n, s in sizes.items() if s != -1)} = {known} does not divide the "
+                    f"{self.world_size} processes, so {rest[0]}=-1 has no size; choose sizes whose product divides {self.world_size}"
+                )
+            object.__setattr__(self, rest[0], self.world_size // known)
+        product = self.dp_replicate * self.dp_shard * self.tp * self.cp
+        if product != self.world_size:
+            raise ValueError(
+                f"dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × tp={self.tp} = {product}, but there are "
+                f"{self.world_size} processes; the sizes must multiply to the number of processes (pass -1 for one of "
+                "them to take the rest, e.g. dp_shard=-1)"
+            )
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel processes: each sees its own batches."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def hsdp(self) -> bool:
+        return self.dp_replicate > 1 and self.dp_shard > 1
+
+    @property
+    def n_d(self) -> bool:
+        """More than the one data-parallel dimension plain FSDP has."""
+        return self.dp_replicate > 1 or self.tp > 1
+
+    def build_mesh(self, device_type: str) -> Any:
+        """The `DeviceMesh` (every process calls it, in step): ``("dp_replicate", "dp_shard", "tp")`` plus the
+        flattened ``"dp"``."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        return mesh
+
+    def fsdp_mesh(self, mesh: Any) -> Any:
+        """What ``fully_shard`` shards over: ``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP (replicated across
+        the first, sharded across the second)."""
+        return mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else mesh["dp_shard"]
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where process `rank` sits on each dimension (and its data-parallel rank, ``"dp"``)."""
+        tp = rank % self.tp
+        dp_shard = (rank // self.tp) % self.dp_shard
+        dp_replicate = rank // (self.tp * self.dp_shard)
+        return {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "dp": dp_replicate * self.dp_shard + dp_shard}
+
+    def __str__(self) -> str:
+        return f"dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × tp={self.tp}"
