@@ -7,6 +7,8 @@ from strategies.ddp import DDPStrategy
 from strategies.deepspeed import DeepSpeedStrategy
 from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.fsdp import FSDPStrategy, apply_fsdp
+from strategies.mesh import ParallelDims
+from strategies.model_parallel import ModelParallelStrategy
 from strategies.precision import PRECISION_NAMES, normalize_precision
 from strategies.registry import REGISTRY, STRATEGIES, StrategyEntry, register_strategy, resolve_auto, resolve_strategy
 from strategies.single_device import SingleDeviceStrategy
@@ -20,6 +22,8 @@ __all__ = [
     "DDPStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
+    "ModelParallelStrategy",
+    "ParallelDims",
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyEntry",

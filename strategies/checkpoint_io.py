@@ -29,6 +29,7 @@ import pickle
 import random
 import shutil
 import struct
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -295,6 +296,15 @@ class CheckpointWriter:
         """fsync (and close) `fd`, a written file's, in the background: fsync waits on the disk, so the files of a
         checkpoint reach it together (one journal commit for many small files) while the next ones are written."""
         self._flushing.append((name, nbytes, self._fsync_pool().submit(_fsync_and_close, fd)))
+        self._flush_folders(name)
+
+    def _flush_folders(self, name: str) -> None:
+        """Flush, in the background too, the entry of `name` in each folder of the staging directory that holds it
+        (the staging directory's own: `commit`), beside the files' flushes: a journaling file system serves the waits
+        that overlap with one commit."""
+        for folder in (self.staging / name).parents:
+            if self.staging in folder.parents:
+                self._flushing.append((name, 0, self._fsync_pool().submit(fsync_dir, folder)))
 
     def _fsync_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -305,9 +315,6 @@ class CheckpointWriter:
         """Wait until every file this process wrote is on disk; every process calls it before its entries go to
         the manifest (`commit` calls it too)."""
         flushing, self._flushing = self._flushing, []
-        folders = sorted({(self.staging / name).parent for name in self.files} - {self.staging})  # (the staging directory: `commit`)
-        if folders and raise_errors:  # their entries reach the disk with the files' flushes
-            flushing += [(folder.name, 0, self._fsync_pool().submit(fsync_dir, folder)) for folder in folders]
         for name, nbytes, future in flushing:
             try:
                 future.result()
@@ -323,7 +330,11 @@ class CheckpointWriter:
         self._write(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
 
     def save_torch(self, name: str, obj: Any) -> None:
-        self._write(name, lambda out: torch.save(obj, out), _tensor_bytes(obj))
+        def produce(out: HashingFile) -> None:
+            with without_zip_crc():
+                torch.save(obj, out)
+
+        self._write(name, produce, _tensor_bytes(obj))
 
     def save_json(self, name: str, data: Any) -> None:
         self._write(name, lambda out: out.write(json.dumps(data, indent=1, sort_keys=True).encode()))
@@ -343,16 +354,20 @@ class CheckpointWriter:
             self._flush_later(fd, path.relative_to(self.staging).as_posix(), path.stat().st_size)
 
         storage = HashingWriter(self.staging / name, self.algorithm, flush=flush)
-        dcp.save(state, storage_writer=storage, process_group=self.group)
+        with without_zip_crc():  # (DCP torch.saves each item into its shard file)
+            dcp.save(state, storage_writer=storage, process_group=self.group)
         for path, (size, digest) in storage.written.items():
             self.files[path.relative_to(self.staging).as_posix()] = {"size": size, "digest": digest}
+        self._flush_folders(f"{name}/.metadata")  # (DCP renamed its .metadata after that file was flushed)
 
     def hash_written(self, names: list[str]) -> None:
-        """Record files a library wrote into the staging directory by itself (DeepSpeed's engine opens its own files):
-        these are read back once to hash them."""
+        """Record files a library wrote into the staging directory by itself, not through this writer: these are read
+        back once to hash them (only DeepSpeed's recovery scripts, which its engine copies itself; its checkpoint
+        files go through `save_torch`)."""
         for name in names:
             path = self.staging / name
             self.files[name] = {"size": path.stat().st_size, "digest": hash_file(path, self.algorithm)}
+            self._flush_later(os.open(path, os.O_RDONLY), name, 0)  # (the library may not have flushed it)
 
     def commit(self, meta: dict[str, Any], others: Sequence[dict[str, dict[str, Any]]] = ()) -> Path:
         """Write the manifest (this rank's files plus `others`, which each process `sync`ed), flush, and move the
@@ -366,6 +381,24 @@ class CheckpointWriter:
         write_json_durably(self.staging / MANIFEST_NAME, manifest, folder=self.staging)  # (and the staging directory)
         move_into_place(self.staging, self.final, flushed=True)
         return self.final
+
+
+_CRC_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def without_zip_crc() -> Iterator[None]:
+    """``torch.save`` inside the block skips the CRC-32 of every record of its zip file: a second checksum pass over
+    every byte, which ``torch.load`` never checks (torch builds its zip reader without those checks) and which the
+    manifest's digest of the whole file supersedes. The files are torch's usual format otherwise. (The setting is
+    torch's, process-wide: a ``torch.save`` in another thread meanwhile skips it too; its file loads the same.)"""
+    with _CRC_LOCK:
+        before = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)
+        try:
+            yield
+        finally:
+            torch.serialization.set_crc32_options(before)
 
 
 def _fsync_and_close(fd: int) -> None:
@@ -733,12 +766,6 @@ class CheckpointReader:
             return dcp.FileSystemReader(self.directory / name)
         return CheckingReader(self.directory / name, self._open)
 
-    def check_now(self, names: Sequence[str]) -> None:
-        """Hash the files `names` now, split across the processes, and agree (every process calls it with the same
-        names): for a loader that opens the files itself (DeepSpeed's engine)."""
-        if self.hashes:
-            self._check_split(sorted(set(names)))
-
     def _check_split(self, names: list[str]) -> None:
         rank, world, gather = _split(self.share)
         problems = [f"{name} was modified" for name in names[rank::world]
@@ -848,6 +875,15 @@ def parse_size(size: int | str) -> int:
 
 SHARDED_DIR = "sharded"
 DEEPSPEED_DIR = "deepspeed"  # the DeepSpeed engine's own checkpoint (strategies.deepspeed), next to model.safetensors
+
+
+def no_exported_weights(directory: Path, name: str) -> str:
+    """Why a DeepSpeed checkpoint saved with ``export_weights=False`` has no weights to load alone, and what to do."""
+    return (
+        f"checkpoint {str(directory)!r} has no {name}: it was saved by DeepSpeedStrategy(export_weights=False), so it "
+        "holds only DeepSpeed's engine files. Resume it with strategy='deepspeed' (which loads those), recover the "
+        f"weights with DeepSpeed's {DEEPSPEED_DIR}/zero_to_fp32.py, or save with export_weights=True"
+    )
 
 
 def is_sharded(directory: Path) -> bool:
@@ -975,6 +1011,8 @@ def load_weights(
     name = indexed("model", index, "safetensors")  # (strategies.checkpoint_store.model_file)
     weights = directory / name
     if not weights.is_file():
+        if (directory / DEEPSPEED_DIR).is_dir():
+            raise FileNotFoundError(no_exported_weights(directory, name))
         raise FileNotFoundError(
             f"checkpoint {str(directory)!r} has no {name} and no sharded states; pass a directory written by "
             "Trainer.save_checkpoint or Accelerator.save_state"

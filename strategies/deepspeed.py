@@ -15,7 +15,7 @@ config dict or JSON file may set them too; ``"auto"`` values are filled from our
 are an error naming both). At stage 3, a model built in `DeepSpeedStrategy.module_init_context`
 (``Trainer.init_module()``, ``Accelerator.init_module()``) is partitioned as it is built (`deepspeed.zero.Init`,
 `strategies.zero_init`): no process ever holds the full model. Checkpoints hold the engine's own files (``deepspeed/``) plus the consolidated
-float32 weights (``model.safetensors``), loadable by any strategy and by plain PyTorch.
+float32 weights (``model.safetensors``, unless ``export_weights=False``), loadable by any strategy and by plain PyTorch.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from strategies import checkpoint_store as store
 from strategies.abilities import Engine
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.checkpoint_staging import Staging
+from strategies.checkpoint_hash import MemoryFile
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import DeepSpeedPrecision, normalize_precision
@@ -112,6 +113,11 @@ class DeepSpeedStrategy(Strategy, Engine):
         zero_init: at stage 3, whether `module_init_context` (``init_module()``) builds models partitioned
             (`deepspeed.zero.Init`) when its ``empty_init`` is None: True by default; False builds a full copy there
             (partitioned at prepare). True with another stage is a `ValueError`. Accelerate's ``zero3_init_flag``.
+        export_weights: whether a checkpoint also holds the consolidated float32 weights (``model.safetensors``,
+            gathered from every process's partition at each save), which any strategy, plain PyTorch and
+            `TrainModule.load_from_checkpoint` load. False saves only the engine's files, as fast as the engine's
+            own ``save_checkpoint``; resuming with strategy='deepspeed' needs nothing else, and DeepSpeed's
+            ``zero_to_fp32.py`` in the checkpoint still recovers the weights.
         **unsupported: refused with a `TypeError` naming the supported arguments.
     """
 
@@ -134,6 +140,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         backend: str | None = None,
         stage: int | None = None,
         zero_init: bool | None = None,
+        export_weights: bool = True,
         **unsupported: Any,
     ) -> None:
         if stage is not None:  # Lightning's name for zero_stage
@@ -143,7 +150,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         if unsupported:
             raise TypeError(
                 f"DeepSpeedStrategy got unsupported arguments {sorted(unsupported)}; it takes zero_stage (or stage), offload_optimizer, "
-                "offload_parameters, gradient_clipping, config, zero_init, precision, cpu, timeout, backend"
+                "offload_parameters, gradient_clipping, config, zero_init, export_weights, precision, cpu, timeout, backend"
             )
         if not dist.is_available():
             raise RuntimeError("strategy='deepspeed' needs torch.distributed, which this torch build lacks; use strategy='single'")
@@ -173,6 +180,9 @@ class DeepSpeedStrategy(Strategy, Engine):
                 "set zero_stage=3, or leave zero_init unset"
             )
         self.zero_init = zero_init is not False
+        if not isinstance(export_weights, bool):
+            raise TypeError(f"export_weights={export_weights!r} must be True or False")
+        self.export_weights = export_weights
         self.sharded = self.zero_stage == 3  # forward gathers parameters (a collective)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout = process_group_timeout(timeout)
@@ -452,9 +462,11 @@ class DeepSpeedStrategy(Strategy, Engine):
                 safe_set_full_fp32_param(param, value)
 
     def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
-        """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions) plus full float32 ``model.safetensors``.
+        """The engine's own checkpoint in ``deepspeed/`` (every rank its partitions), plus the full float32 weights
+        (``model.safetensors``) unless ``export_weights=False``.
 
-        Synchronous only: DeepSpeed's engine writes its files itself, from its live partitions, in a collective.
+        The engine's files go through our writer (`_ThroughCheckpointIO`): each is hashed in the pass that writes it
+        and flushed with the rest. Synchronous only: the engine writes from its live partitions, in a collective.
         """
         if staging is not None:
             raise NotImplementedError(
@@ -463,19 +475,15 @@ class DeepSpeedStrategy(Strategy, Engine):
                 "background. Save synchronously (leave async_save out)"
             )
         engine = self._engine()
-        states = [self.module_state_dict(m) for m in models]  # a collective: every rank
+        states = [self.module_state_dict(m) for m in models] if self.export_weights else []  # a collective: every rank
 
         def write(writer: checkpoint_io.CheckpointWriter) -> None:
             directory = writer.staging / store.DEEPSPEED_DIR
-            engine.save_checkpoint(str(directory), tag=_TAG, client_state={}, save_latest=False)
-            mine = re.compile(rf"(^|_)pp_rank_{self.rank}_")
-            anyone = re.compile(r"(^|_)pp_rank_\d+_")
-            written = [
-                path.relative_to(writer.staging).as_posix()
-                for path in sorted(directory.rglob("*"))
-                if path.is_file() and (mine.search(path.name) or (self.rank == 0 and not anyone.search(path.name)))
-            ]
-            writer.hash_written(written)
+            with _through(engine, writer=writer):
+                engine.save_checkpoint(str(directory), tag=_TAG, client_state={}, save_latest=False)
+            files = [path.relative_to(writer.staging).as_posix() for path in sorted(directory.rglob("*")) if path.is_file()]
+            # what the engine wrote without its checkpoint engine (its recovery scripts): read back to hash
+            writer.hash_written([name for name in _owned(files, self.rank) if name not in writer.files])
             if self.rank == 0:
                 for i, state in enumerate(states):
                     writer.save_safetensors(store.model_file(i), state)
@@ -486,8 +494,8 @@ class DeepSpeedStrategy(Strategy, Engine):
         self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
         optimizers: list[torch.optim.Optimizer], *, strict: bool = True,
     ) -> None:
-        """The engine's own checkpoint when there is one (its files hashed first, split across the processes: the
-        engine opens them itself), else the weights alone."""
+        """The engine's own checkpoint when there is one (each file checked in the pass that reads it, before the
+        engine unpickles it: `_ThroughCheckpointIO`), else the weights alone."""
         reader = reader if isinstance(reader, checkpoint_io.CheckpointReader) else checkpoint_io.CheckpointReader(reader)
         path = reader.directory
         if not (path / store.DEEPSPEED_DIR).is_dir() or self.engine is None:
@@ -498,19 +506,27 @@ class DeepSpeedStrategy(Strategy, Engine):
                     "strategy's optimizer states; resume it with the strategy that wrote it, or load its weights alone "
                     "(strategies.checkpoint_io.load_weights(directory, model), or TrainModule.load_from_checkpoint)"
                 )
+            missing = [store.model_file(i) for i in range(len(models)) if not (path / store.model_file(i)).is_file()]
+            if missing and (path / store.DEEPSPEED_DIR).is_dir():
+                raise checkpoint_io.CheckpointError(checkpoint_io.no_exported_weights(path, missing[0]))
             super().load_checkpoint(reader, models, optimizers, strict=strict)
             return
         engine = self.engine
-        reader.check_now([name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")])
-        loaded, _ = engine.load_checkpoint(
-            str(path / store.DEEPSPEED_DIR),
-            tag=_TAG,
-            load_module_strict=strict,
-            load_optimizer_states=bool(optimizers),
-            load_lr_scheduler_states=engine.lr_scheduler is not None,
-        )
+        with _through(engine, reader=reader if reader.hashes else None):
+            loaded, _ = engine.load_checkpoint(
+                str(path / store.DEEPSPEED_DIR),
+                tag=_TAG,
+                load_module_strict=strict,
+                load_optimizer_states=bool(optimizers),
+                load_lr_scheduler_states=engine.lr_scheduler is not None,
+            )
         if loaded is None:
             raise checkpoint_io.CheckpointError(f"DeepSpeed found no engine checkpoint in {str(path / store.DEEPSPEED_DIR)!r}")
+        if reader.hashes:  # the engine's files it did not read (its recovery scripts): checked by the process that saved them
+            engine_files = [name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")]
+            for name in _owned(engine_files, self.rank):
+                if name not in reader.checked:
+                    reader.read(name)
 
     def teardown(self) -> None:
         self.engine = None
@@ -519,6 +535,62 @@ class DeepSpeedStrategy(Strategy, Engine):
 
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(zero_stage={self.zero_stage}, device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"
+
+
+def _owned(names: list[str], rank: int) -> list[str]:
+    """The engine's files (`names`) that process `rank` accounts for: those of its own rank (``..._pp_rank_<rank>_...``),
+    and on process 0 those of no rank (the model states, the recovery scripts)."""
+    mine, anyone = re.compile(rf"(^|_)pp_rank_{rank}_"), re.compile(r"(^|_)pp_rank_\d+_")
+    return [name for name in names if mine.search(Path(name).name) or (rank == 0 and not anyone.search(Path(name).name))]
+
+
+class _ThroughCheckpointIO:
+    """DeepSpeed's checkpoint engine (``engine.checkpoint_engine``, which opens every file the engine saves and
+    loads), with its files going through ours: what it saves through `writer` (hashed in the pass that writes it,
+    flushed with the checkpoint's other files; torch's zip format), what it loads through `reader` (checked against
+    the manifest in the pass that reads it, before DeepSpeed unpickles any of it). Everything else is the engine's."""
+
+    def __init__(self, inner: Any, writer: checkpoint_io.CheckpointWriter | None, reader: checkpoint_io.CheckpointReader | None) -> None:
+        self._inner, self._writer, self._reader = inner, writer, reader
+
+    def save(self, state_dict: Any, path: str) -> None:
+        name = _inside(path, self._writer.staging) if self._writer is not None else None
+        if name is None:
+            self._inner.save(state_dict, path)
+        else:
+            self._writer.save_torch(name, state_dict)  # type: ignore[union-attr]
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        name = _inside(path, self._reader.directory) if self._reader is not None else None
+        if name is None:
+            return self._inner.load(path, map_location=map_location)
+        data = MemoryFile(self._reader.read(name))  # type: ignore[union-attr]
+        return torch.load(data, map_location=map_location, weights_only=False)  # DeepSpeed's own files: its pickles
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _inside(path: str, folder: Path) -> str | None:
+    """`path` relative to `folder` (POSIX), or None when it lies elsewhere."""
+    try:
+        return Path(os.path.abspath(path)).relative_to(folder.absolute()).as_posix()
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def _through(engine: Any, *, writer: checkpoint_io.CheckpointWriter | None = None, reader: checkpoint_io.CheckpointReader | None = None) -> Iterator[None]:
+    """Route the engine's checkpoint files through `writer` / `reader` (`_ThroughCheckpointIO`) inside the block."""
+    own = engine.checkpoint_engine
+    if writer is None and reader is None or own is None:
+        yield
+        return
+    engine.checkpoint_engine = _ThroughCheckpointIO(own, writer, reader)
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = own
 
 
 def _local_partition(value: torch.Tensor, param: nn.Parameter) -> torch.Tensor:

@@ -90,6 +90,22 @@ def seed_xla(seed: int) -> None:
         _pending_seed[:] = [seed]
 
 
+def check_xla_processes(num_processes: int | None, runtime: str | None) -> None:
+    """Refuse several processes on torch_xla's CPU runtime (``runtime`` is ``PJRT_DEVICE``), before any starts.
+
+    There each process's client holds every device, so a cross-process all-reduce waits for threads of its own process
+    that never come; torch_xla 2.9 aborts it after 10 s with "Expected 2 threads to join the rendezvous, but only 1 of
+    them arrived on time" (pytorch/xla#9496).
+    """
+    if (runtime or "").upper() == "CPU" and num_processes is not None and num_processes > 1:
+        raise ValueError(
+            f"strategy='xla' on torch_xla's CPU runtime (PJRT_DEVICE=CPU) runs one process, but {num_processes} were asked "
+            "for: its collectives cannot meet across processes (torch_xla aborts the first all-reduce with \"Expected 2 "
+            "threads to join the rendezvous, but only 1 of them arrived on time\", pytorch/xla#9496). Run one process "
+            "(--num_processes 1), use strategy='ddp' for several CPU processes, or run on TPUs (PJRT_DEVICE=TPU)"
+        )
+
+
 def _check_xla_precision(precision: str) -> None:
     """Refuse what XLA cannot run, before torch_xla is imported: fp16 and the true modes."""
     mode = normalize_precision(precision)
@@ -120,12 +136,14 @@ class XLAStrategy(Strategy):
         _check_xla_precision(precision)
         torch_xla, xm, xr = import_xla()
         self._xm = xm
+        self._mark_step = getattr(torch_xla, "sync", xm.mark_step)  # (xm.mark_step is deprecated from torch_xla 2.8)
         if cluster is None or cluster.source != "xla":  # the runtime knows the layout (xmp.spawn sets no RANK variables)
             cluster = ClusterEnvironment(
                 world_size=int(xr.world_size()), rank=int(xr.global_ordinal()), local_rank=int(xr.local_ordinal()),
                 local_world_size=int(xr.local_process_count()) if hasattr(xr, "local_process_count") else 1, source="xla",
             )
         device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+        check_xla_processes(cluster.world_size, getattr(xr, "device_type", lambda: None)())  # xmp.spawn, CPU_NUM_DEVICES=2
         if _pending_seed:  # set_seed ran before the runtime started
             seed_xla(_pending_seed[0])
         super().__init__(cluster=cluster, device=device, precision=precision)
@@ -144,6 +162,19 @@ class XLAStrategy(Strategy):
         module = module.to(self.device) if move else module  # no wrapper: the optimizer step reduces gradients
         self.remember_replaced(before, module)  # moving to an XLA device makes new parameters: optimizers follow them
         return module
+
+    def backward(self, loss: torch.Tensor, *, accumulation_steps: int = 1, boundary: bool = True, **kwargs: Any) -> None:
+        try:
+            super().backward(loss, accumulation_steps=accumulation_steps, boundary=boundary, **kwargs)
+        except RuntimeError as err:
+            if "device_ready_queues_" not in str(err):
+                raise
+            raise RuntimeError(
+                "backward on the XLA device failed because a backward pass ran in this process before torch_xla's runtime "
+                "started: torch's autograd engine counts each device type's devices once, at its first backward "
+                "(pytorch/xla#4174). Create the Accelerator or Trainer with strategy='xla' (or call torch_xla.device()) "
+                "before any backward on the CPU in this process, e.g. at the top of the script"
+            ) from err
 
     def _reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self.world_size > 1 and id(optimizer) not in self._reduced:
@@ -172,7 +203,7 @@ class XLAStrategy(Strategy):
             self._xm.optimizer_step(optimizer, optimizer_args=kwargs)
             stepped = True
         self._reduced.discard(id(optimizer))
-        self._xm.mark_step()
+        self._mark_step()
         return stepped
 
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
@@ -182,7 +213,19 @@ class XLAStrategy(Strategy):
         return torch.no_grad()  # XLA traces the graph lazily; inference tensors do not mix with it
 
     def barrier(self, name: str | None = None) -> None:
-        self._xm.rendezvous(name or "trainwright")
+        """``xm.rendezvous`` (it cuts the graph twice), leaving the device's generator as it was; nothing on one device."""
+        if self.world_size > 1:
+            with self._rng_kept():
+                self._xm.rendezvous(name or "trainwright")
+
+    @contextlib.contextmanager
+    def _rng_kept(self) -> Any:
+        """Every step marker advances XLA's seed: one that only saves or waits must not change what training draws."""
+        seed = self._xm.get_rng_state()
+        try:
+            yield
+        finally:
+            self._xm.set_rng_state(seed)
 
     def module_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The weights on the CPU (XLA tensors are device handles; moving them also waits for pending steps)."""
@@ -194,9 +237,8 @@ class XLAStrategy(Strategy):
 
         The step marker that runs what is pending leaves the device's generator as it was: every ``mark_step``
         advances XLA's seed, and a run that saves must draw what the same run without saves (or resumed here) draws."""
-        seed = self._xm.get_rng_state()
-        self._xm.mark_step()
-        self._xm.set_rng_state(seed)
+        with self._rng_kept():
+            self._mark_step()
         states = [self.module_state_dict(m) for m in models]
         if self.rank != 0:
             return lambda writer: None

@@ -24,6 +24,7 @@ _EXPORTS = {
     "DeepSpeedPlugin": "trainer.accelerator.config",
     "FullyShardedDataParallelPlugin": "trainer.accelerator.config",
     "TorchDynamoPlugin": "trainer.accelerator.config",
+    "ParallelismConfig": "trainer.accelerator.parallelism",
     "AutocastKwargs": "trainer.accelerator.kwargs",
     "DDPCommunicationHookType": "trainer.accelerator.kwargs",
     "GradScalerKwargs": "trainer.accelerator.kwargs",

@@ -203,9 +203,10 @@ def notebook_launcher(
     _refuse_inside_workers("notebook_launcher")
     settings = LaunchSettings(num_processes=num_processes, mixed_precision=mixed_precision)  # per node here
     env = worker_environment(settings)
-    from strategies.xla import xla_device_present  # lazy: `from trainer import notebook_launcher` imports no torch
+    from strategies.xla import check_xla_processes, xla_device_present  # lazy: `from trainer import notebook_launcher` imports no torch
 
     if xla_device_present():  # a TPU notebook (Colab, Kaggle, a TPU VM): torch_xla's own launcher, as Accelerate
+        check_xla_processes(num_processes, os.environ.get("PJRT_DEVICE"))
         import torch_xla.distributed.xla_multiprocessing as xmp
 
         env = {k: v for k, v in env.items() if k != "TRAINWRIGHT_LAUNCHED"} | {"TRAINWRIGHT_STRATEGY": "xla"}

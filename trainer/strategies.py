@@ -1,12 +1,13 @@
 """``lightning.pytorch.strategies`` under the rename: the strategies of the top-level `strategies` package.
 
-``FSDPStrategy`` is FSDP2 (``fully_shard``), what Lightning calls ``ModelParallelStrategy`` without tensor
-parallelism; see docs/strategies.md for each strategy's arguments.
+``FSDPStrategy`` is FSDP2 (``fully_shard``; with ``parallel_dims``, HSDP and tensor parallelism applied for you);
+``ModelParallelStrategy`` is Lightning's (the module parallelizes itself in ``configure_model`` with
+``self.device_mesh``). See docs/strategies.md for each strategy's arguments.
 """
 
 from __future__ import annotations
 
-from strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy, Strategy, XLAStrategy
+from strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, Strategy, XLAStrategy
 from trainer.lightning_api import not_offered
 
 ParallelStrategy = not_offered(
@@ -15,4 +16,4 @@ ParallelStrategy = not_offered(
     module=__name__,
 )
 
-__all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "ParallelStrategy", "SingleDeviceStrategy", "Strategy", "XLAStrategy"]
+__all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy", "ParallelStrategy", "SingleDeviceStrategy", "Strategy", "XLAStrategy"]

@@ -100,7 +100,7 @@ class Buckets(Sampler[list[int]]):
         return 8
 
 
-def _loader(case: str) -> tuple[DataLoader, dict[str, Any], Callable[[], None] | None]:
+def _loader(case: str) -> tuple[DataLoader, dict[str, Any], Callable[[], Any] | None]:
     """The case's loader, the DataLoaderConfiguration arguments, and what runs right after `prepare`."""
     config: dict[str, Any] = {}
     if case in ("shuffle", "device_specific", "rng_torch", "skip_first", "break_first", "zip"):
@@ -124,13 +124,13 @@ def _loader(case: str) -> tuple[DataLoader, dict[str, Any], Callable[[], None] |
     if case == "sampler_subset":
         return DataLoader(Ids(), batch_size=3, sampler=SubsetRandomSampler(list(range(2, 20)))), config, None
     if case == "sampler_weighted":
-        weights = torch.linspace(0.1, 1.0, N)
+        weights = torch.linspace(0.1, 1.0, N).tolist()
         return DataLoader(Ids(), batch_size=3, sampler=WeightedRandomSampler(weights, 25)), config, None
     if case == "sampler_global":
         return DataLoader(Ids(), batch_size=3, sampler=GlobalPermutation(N)), config, None
     if case == "batch_sampler_as_sampler":
-        sampler = BatchSampler(RandomSampler(Ids()), batch_size=3, drop_last=False)
-        return DataLoader(Ids(), batch_size=None, sampler=sampler), config, None
+        batches = BatchSampler(RandomSampler(Ids()), batch_size=3, drop_last=False)
+        return DataLoader(Ids(), batch_size=None, sampler=batches), config, None
     if case == "custom_batch_sampler":
         return DataLoader(Ids(), batch_sampler=Buckets(N)), {"even_batches": False}, None
     if case == "seedable":
@@ -225,7 +225,7 @@ def trace_all(framework: str, cases: tuple[str, ...] = CASES) -> dict[str, Any]:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _rank_main(rank: int, framework: str, port: int, queue: Any) -> None:
@@ -270,7 +270,7 @@ if __name__ == "__main__":
         f.write("}\n")
 
 
-def differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+def differences(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[str]:
     """Where ``actual`` (one case's per-rank traces) differs from ``expected``: first differing batch per rank."""
     found = []
     for rank, (want, got) in enumerate(zip(expected, actual)):

@@ -52,6 +52,7 @@ from trainer.accelerator.config import (
 from trainer.accelerator.dummies import DummyOptim, DummyScheduler, EngineScheduler, auto_values, check_placeholders
 from trainer.accelerator.kwargs import AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
 from trainer.accelerator.layout import AcceleratorState, ProcessLayout, share_strategy
+from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
 from trainer.accelerator.stepper import Stepper, check_loss
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
@@ -84,6 +85,8 @@ class Accelerator(ProcessLayout):
         kwargs_handlers: `DDPKwargs` objects (Accelerate's ``DistributedDataParallelKwargs``).
         deepspeed_plugin: a `DeepSpeedPlugin` (Accelerate's): runs `strategies.DeepSpeedStrategy` with its settings.
         fsdp_plugin: a `FullyShardedDataParallelPlugin` (Accelerate's): runs `strategies.FSDPStrategy` (FSDP2) with its settings.
+        parallelism_config: a `ParallelismConfig` (``dp_replicate_size``, ``dp_shard_size``, ``tp_size``): FSDP2 on that N-D
+            mesh (HSDP, tensor parallel with the model's own plan or ``tp_plan``), or DDP for replicas alone.
         dynamo_backend: a ``torch.compile`` backend (``"inductor"``, ...; ``"no"``: off): models are compiled after `prepare`
             set them up (default from ``TRAINWRIGHT_DYNAMO_BACKEND``).
         dynamo_plugin: a `TorchDynamoPlugin` (mode, fullgraph, dynamic, ``use_regional_compilation``), instead of `dynamo_backend`.
@@ -112,6 +115,7 @@ class Accelerator(ProcessLayout):
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
     ) -> None:
         handlers = KwargsHandlers.sort(kwargs_handlers)  # Accelerate's kwargs_handlers, one per kind: each honoured below, or refused
         _refuse_fp8(mixed_precision or env_setting("MIXED_PRECISION", "no"), handlers, bool(env_flag("CPU")) if cpu is None else bool(cpu))
@@ -134,7 +138,11 @@ class Accelerator(ProcessLayout):
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
         strategy = build_strategy(strategy, precision=mixed_precision, cpu=cpu, timeout=handlers.timeout(process_group_timeout),
-                                  handlers=handlers, deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin)
+                                  handlers=handlers, deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin,
+                                  parallelism=parallelism_config)
+        if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
+            raise TypeError(f"parallelism_config={parallelism_config!r} must be a trainer.ParallelismConfig")
+        self._parallelism_config = parallelism_config
         _configure_precision(strategy.precision, handlers)
         # Accelerate's public handler attributes (ddp_handler, scaler_handler, init_handler, autocast_handler, profile_handler,
         # fp8_recipe_handler, ao_recipe_handler, te_recipe_handler, msamp_recipe_handler): each what was passed, else None
@@ -179,6 +187,51 @@ class Accelerator(ProcessLayout):
             self._tracker_hub()  # validate names now, not after an hour of training
 
     # properties ---------------------------------------------------------------------------------------
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        return self._parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The device mesh with named dimensions (``dp_replicate``, ``dp_shard``, ``tp``, flattened ``dp``), or None."""
+        return getattr(self.strategy, "device_mesh", None) if self._parallelism_config is not None else None
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return self.strategy.name == "fsdp"
+
+    def _mesh_rank(self, dim: str, enabled: bool, what: str) -> int:
+        if self._parallelism_config is None:
+            raise RuntimeError(f"{what} is not configured; pass Accelerator(parallelism_config=ParallelismConfig(...)) first")
+        return self.torch_device_mesh.get_local_rank(dim) if enabled and self.torch_device_mesh is not None else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's index in its tensor-parallel group (0 without tensor parallelism)."""
+        return self._mesh_rank("tp", bool(self._parallelism_config and self._parallelism_config.tp_enabled), "Tensor parallelism")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Accelerate's meaning: the index along ``dp_replicate`` (0 without replicas); see `data_parallel_shard_rank`."""
+        config = self._parallelism_config
+        if config is not None and config.dp_replicate_enabled and not config.shards:  # DDP replicas: the process index
+            return self.process_index
+        return self._mesh_rank("dp_replicate", bool(config and config.dp_replicate_enabled), "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """The index along ``dp_shard`` (0 without sharding)."""
+        return self._mesh_rank("dp_shard", bool(self._parallelism_config and self._parallelism_config.dp_shard_enabled),
+                               "Shard-based data parallelism")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        raise NotImplementedError("pipeline parallelism is not available (nor in Accelerate)")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        raise NotImplementedError("context parallelism is not available yet; ParallelismConfig(cp_size>1) is refused")
+
     @property
     def state(self) -> AcceleratorState:
         """A read-only view: ``num_processes``, ``process_index``, ``device``, ``distributed_type``, ``mixed_precision``..."""
@@ -424,7 +477,7 @@ class Accelerator(ProcessLayout):
             non_blocking=config.non_blocking,
             seed=seed,
             dispatch_batches=config.dispatch_batches,
-            synchronize=_rng_synchronizer(self.strategy, self.rng_types) if several and self.rng_types else None,
+            synchronize=_rng_synchronizer(self.rng_types) if several and self.rng_types else None,
         )
         if register:
             self._dataloaders.append(prepared)
@@ -835,22 +888,13 @@ def _checked_rng_types(rng_types: Any) -> list[str]:
     return names
 
 
-def _rng_synchronizer(strategy: Strategy, rng_types: list[str]) -> Any:
-    """What a prepared loader calls as each pass starts: set the ``rng_types`` RNGs to process 0's (Accelerate's
-    ``synchronize_rng_states``); the sampler's generator only where it has one."""
-
-    def from_first(state: torch.Tensor) -> torch.Tensor:
-        shared: torch.Tensor = strategy.broadcast(state.to(strategy.device), 0)
-        return shared.cpu()
+def _rng_synchronizer(rng_types: list[str]) -> Any:
+    """What a prepared loader calls as each pass starts: set the ``rng_types`` RNGs to process 0's, the sampler's
+    generator only where it has one (as Accelerate's loader calls ``synchronize_rng_states``)."""
+    from trainer.accelerator.operations import synchronize_rng_states  # lazy: it loads strategies.data
 
     def synchronize(generator: torch.Generator | None) -> None:
-        for kind in rng_types:
-            if kind == "torch":
-                torch.set_rng_state(from_first(torch.get_rng_state()))
-            elif kind == "cuda":
-                torch.cuda.set_rng_state(from_first(torch.cuda.get_rng_state()))
-            elif generator is not None:
-                generator.set_state(from_first(generator.get_state()))
+        synchronize_rng_states([kind for kind in rng_types if kind != "generator" or generator is not None], generator)
 
     return synchronize
 

@@ -18,11 +18,13 @@ from strategies.fsdp import FSDPStrategy
 from strategies.xla import xla_device_present
 from trainer.accelerator.config import DeepSpeedPlugin, FullyShardedDataParallelPlugin, GradientAccumulationPlugin
 from trainer.accelerator.kwargs import DDPKwargs, KwargsHandlers
+from trainer.accelerator.parallelism import ParallelismConfig
 
 
 def build_strategy(
     strategy: str | Strategy | None, *, precision: str, cpu: bool, timeout: float | None, handlers: KwargsHandlers | None = None,
     deepspeed_plugin: DeepSpeedPlugin | None, fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    parallelism: ParallelismConfig | None = None,
 ) -> Strategy:
     """The strategy an Accelerator runs; a plugin and a strategy name that contradict each other are refused, and so are
     kwargs handlers that cannot reach it (`InitProcessGroupKwargs`/`DDPKwargs` for a strategy instance, `DDPKwargs`
@@ -40,6 +42,21 @@ def build_strategy(
             )
         return strategy
     named = _registry_name(strategy)
+    if parallelism is not None:
+        cluster = detect_environment()
+        parallelism.resolved(cluster.world_size)
+        if parallelism.shards:  # FSDP2 on the N-D mesh (HSDP, tensor parallel)
+            if deepspeed_plugin is not None or (strategy is not None and named != "fsdp"):
+                raise ValueError(
+                    f"parallelism_config with dp_shard_size or tp_size > 1 runs FSDP2 on its mesh; it cannot run with "
+                    f"strategy={strategy!r}{' and a deepspeed_plugin' if deepspeed_plugin is not None else ''}. Leave strategy out "
+                    "(or pass strategy='fsdp' / an fsdp_plugin for FSDP's other settings)"
+                )
+            settings = fsdp_plugin.strategy_kwargs() if fsdp_plugin is not None else {}
+            return FSDPStrategy(cluster=cluster, cpu=cpu, precision=precision, timeout=timeout, backend=backend,
+                                parallel_dims=parallelism.parallel_dims(cluster.world_size), tp_plan=parallelism.tp_plan, **settings)
+        if strategy is None and deepspeed_plugin is None and fsdp_plugin is None and cluster.world_size > 1:
+            strategy, named = "ddp", "ddp"  # dp_replicate_size alone: data parallel replicas
     if deepspeed_plugin is None and named == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):
         deepspeed_plugin = DeepSpeedPlugin(**json.loads(str(env_setting("DEEPSPEED_PLUGIN"))))  # from `trainer launch`'s config
     if deepspeed_plugin is not None:

@@ -372,8 +372,9 @@ def run_xla(settings: LaunchSettings, script: str, script_args: Sequence[str] = 
     """XLA devices start through torch_xla's own launcher (``xmp.spawn``): one process per local device (or one
     with ``--num_processes 1``), each running the script as ``__main__``. On a multi-host pod, run the same
     command on every host; torch_xla's runtime joins them."""
-    from strategies.xla import import_xla  # lazy: the CLI imports no torch (strategies does)
+    from strategies.xla import check_xla_processes, import_xla  # lazy: the CLI imports no torch (strategies does)
 
+    check_xla_processes(settings.num_processes, os.environ.get("PJRT_DEVICE", "TPU"))  # before any process starts
     import_xla()  # an ImportError naming the fix when torch_xla is missing or built for another torch
     import torch_xla.distributed.xla_multiprocessing as xmp
 

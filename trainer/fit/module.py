@@ -249,6 +249,13 @@ class TrainModule(nn.Module):
         return param.device if param is not None else torch.device("cpu")
 
     @property
+    def device_mesh(self) -> Any:
+        """The strategy's device mesh (Lightning's): ``ModelParallelStrategy``'s ``"data_parallel"`` × ``"tensor_parallel"``,
+        or FSDP's named mesh; None outside a run or for a strategy without one. ``configure_model`` parallelizes with it."""
+        strategy = self._trainer.accelerator.strategy if self._trainer is not None else None
+        return getattr(strategy, "device_mesh", None)
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken so far (0 outside a run)."""
         return self._trainer.global_step if self._trainer is not None else 0

@@ -1,0 +1,127 @@
+"""Lightning's ``ModelParallelStrategy``: a 2-D mesh (``data_parallel`` × ``tensor_parallel``) that the module
+parallelizes itself, in ``configure_model``, with torch's own APIs (Lightning's contract)::
+
+    class Model(TrainModule):
+        def configure_model(self):
+            parallelize_module(self.model, self.device_mesh["tensor_parallel"], plan)
+            fully_shard(self.model, mesh=self.device_mesh["data_parallel"])
+
+    Trainer(strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2))
+
+The strategy builds the mesh, loads each batch once per tensor-parallel group (data sharded over
+``data_parallel``), reduces metrics over ``data_parallel`` only, materializes a model built on the meta device, and
+saves sharded checkpoints (`torch.distributed.checkpoint`, reshardable onto any mesh). For the common cases without
+writing ``configure_model``, `FSDPStrategy(parallel_dims=ParallelDims(...))` applies the plan and sharding itself.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from strategies.base import Strategy, materialize_if_empty
+from strategies.environment import ClusterEnvironment, detect_environment
+from strategies.fsdp import FSDPStrategy
+from strategies.mesh import ParallelDims
+from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
+from strategies.process_group import join_process_group
+
+
+class ModelParallelStrategy(FSDPStrategy):
+    """Lightning's ``ModelParallelStrategy`` (see the module docstring).
+
+    Args:
+        data_parallel_size: processes that see different data (``"auto"``: the number of machines).
+        tensor_parallel_size: processes that split each layer (``"auto"``: the processes of one machine).
+        save_distributed_checkpoint: True: sharded checkpoints (they load onto any mesh). False (one consolidated
+            file) is refused for now.
+        process_group_backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
+        timeout: process-group timeout in seconds.
+        cpu, precision, cluster: as for `FSDPStrategy` (mixed precision is the module's ``MixedPrecisionPolicy``,
+            given to its own ``fully_shard`` calls; true precisions convert the module).
+    """
+
+    name = "model_parallel"
+
+    def __init__(
+        self,
+        data_parallel_size: int | str = "auto",
+        tensor_parallel_size: int | str = "auto",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: float | None = None,
+        *,
+        cpu: bool = False,
+        precision: str = "no",
+        cluster: ClusterEnvironment | None = None,
+    ) -> None:
+        if save_distributed_checkpoint is not True:
+            raise NotImplementedError(
+                "ModelParallelStrategy(save_distributed_checkpoint=False) is not available: checkpoints of a model the module "
+                "parallelized itself are saved sharded (torch.distributed.checkpoint; they load onto any mesh, and "
+                "TrainModule.load_from_checkpoint reads them into a plain model). Leave it True"
+            )
+        mode = normalize_precision(precision)
+        if mode not in ("no", *TRUE_PRECISION_MODES):
+            raise ValueError(
+                f"ModelParallelStrategy(precision={precision!r}): the module shards itself in configure_model, so mixed precision "
+                "is its own fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)); pass precision "
+                "'32-true' or a true precision ('bf16-true') here"
+            )
+        cluster = detect_environment() if cluster is None else cluster
+        world = cluster.world_size
+        tp = cluster.local_world_size if tensor_parallel_size == "auto" else tensor_parallel_size
+        dp = world // tp if data_parallel_size == "auto" and isinstance(tp, int) and tp > 0 and world % tp == 0 else data_parallel_size
+        for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"ModelParallelStrategy({name}={size!r}) must be 'auto' or an int >= 1")
+        if dp * tp != world:
+            raise ValueError(
+                f"ModelParallelStrategy: data_parallel_size={dp} × tensor_parallel_size={tp} = {dp * tp}, but there are {world} "
+                "processes; choose sizes whose product is the number of processes"
+            )
+        super().__init__(cluster=cluster, cpu=cpu, precision=mode, timeout=timeout, backend=process_group_backend,
+                         parallel_dims=ParallelDims(world_size=world, dp_shard=dp, tp=tp))
+        self.data_parallel_size_arg, self.tensor_parallel_size_arg = dp, tp
+
+    def setup_environment(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
+        self.device_mesh = init_device_mesh(self.device.type, (self.dims.dp_shard, self.dims.tp),
+                                            mesh_dim_names=("data_parallel", "tensor_parallel"))  # Lightning's names
+        self.mesh = self.device_mesh["data_parallel"]
+        self.data_parallel_group = self.device_mesh["data_parallel"].get_group()
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Lightning's: the meta device only when ``empty_init=True`` (``configure_model`` then parallelizes an empty
+        model and each process materializes its shards); else the device, so a model built in ``__init__`` keeps its weights."""
+        return Strategy.module_init_context(self, empty_init=empty_init)
+
+    def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
+        """The module parallelized itself in ``configure_model``; here it is checked, converted (true precision) and, if
+        built on the meta device, materialized shard by shard."""
+        module = self.precision.convert_parameters(module)
+        if wrap and not _has_dtensors(module):
+            raise RuntimeError(
+                "ModelParallelStrategy: the module has no parallelized (DTensor) parameters; apply parallelism in "
+                "configure_model with self.device_mesh, e.g. parallelize_module(self.model, self.device_mesh['tensor_parallel'], "
+                "plan) and fully_shard(self.model, mesh=self.device_mesh['data_parallel']) (Lightning's contract), or use "
+                "FSDPStrategy(parallel_dims=ParallelDims(dp_shard=..., tp=...)), which does it for you"
+            )
+        before = list(module.named_parameters(remove_duplicate=False))
+        materialize_if_empty(self, module, torch.device("cpu") if self.cpu_offload else self.device)
+        if not _has_dtensors(module) and move:
+            module = module.to(self.device)
+        self.remember_replaced(before, module)
+        return module
+
+    def __repr__(self) -> str:
+        return f"ModelParallelStrategy(data_parallel_size={self.dims.dp_shard}, tensor_parallel_size={self.dims.tp}, device={self.device})"
+
+
+def _has_dtensors(module: nn.Module) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in module.parameters())
