@@ -19,7 +19,7 @@ import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -219,7 +219,7 @@ class XLAStrategy(Strategy):
                 self._xm.rendezvous(name or "trainwright")
 
     @contextlib.contextmanager
-    def _rng_kept(self) -> Any:
+    def _rng_kept(self) -> Iterator[None]:
         """Every step marker advances XLA's seed: one that only saves or waits must not change what training draws."""
         seed = self._xm.get_rng_state()
         try:

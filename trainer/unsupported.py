@@ -22,8 +22,8 @@ _FSDP1 = ("an FSDP1 (FullyShardedDataParallel) helper: strategy='fsdp' is FSDP2 
 _FSDP2_STEPS = "a step of Accelerate's own FSDP2 preparation; strategies.fsdp does it inside accelerator.prepare()"
 _LAUNCH = ("an internal of `accelerate launch` / `accelerate config` (building the launch environment, SageMaker, TPU pods); "
            "launch with `trainer launch` (which reads accelerate config files) or torchrun")
-_PARALLEL = ("tensor / context / sequence parallelism through Accelerate's ParallelismConfig is not available in the Accelerator "
-             "face; data parallel, FSDP2 and DeepSpeed ZeRO are (docs/strategies.md)")
+_PARALLEL = ("context and sequence parallelism are not available yet (ParallelismConfig runs data parallel, FSDP2/HSDP and tensor "
+             "parallel: docs/strategies.md); a model is split by prepare() with its own or the given plan, not beforehand")
 _REGIONS = "regional compilation: use TorchDynamoPlugin(use_regional_compilation=True) (or dynamo_plugin=...), applied by prepare()"
 _DEEPSPEED_INTERNAL = ("an internal of Accelerate's DeepSpeed integration; strategies.deepspeed wraps the engine, and prepare() "
                        "returns it (use DummyOptim/DummyScheduler for a config-defined optimizer and schedule)")
@@ -39,7 +39,6 @@ _LOGGER = "Accelerate's module-level logger; use trainer.logging.get_logger(__na
 # module -> reason -> names
 UNSUPPORTED: dict[str, dict[str, list[str]]] = {
     "trainer": {
-        _PARALLEL: ["ParallelismConfig"],
         _BIG_MODEL: ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
                      "load_checkpoint_and_dispatch", "load_checkpoint_in_model"],
         _PIPPY: ["prepare_pippy"],
@@ -70,7 +69,7 @@ UNSUPPORTED: dict[str, dict[str, list[str]]] = {
                   "prepare_deepspeed_cmd_env", "prepare_multi_gpu_env", "prepare_sagemager_args_inputs", "prepare_simple_launcher_cmd_env",
                   "prepare_tpu", "purge_accelerate_environment", "write_basic_config", "get_cpu_distributed_information",
                   "set_numa_affinity", "check_cuda_p2p_ib_support", "get_gpu_info"],
-        _PARALLEL: ["ParallelismConfig", "DeepSpeedSequenceParallelConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig",
+        _PARALLEL: ["DeepSpeedSequenceParallelConfig", "TorchContextParallelConfig",
                     "TorchTensorParallelPlugin", "get_model_tp_size"],
         _REGIONS: ["compile_regions", "compile_regions_deepspeed", "compile_regions_fsdp2"],
         _DEEPSPEED_INTERNAL: ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper", "HfDeepSpeedConfig",
@@ -98,7 +97,6 @@ UNSUPPORTED_MODULES: dict[str, str] = {
     "trainer.inference": _PIPPY,
     "trainer.optimizer": "Accelerate's AcceleratedOptimizer: prepare() returns a PreparedOptimizer (trainer.accelerator.wrappers)",
     "trainer.scheduler": "Accelerate's AcceleratedScheduler: prepare() returns a PreparedScheduler (trainer.accelerator.wrappers)",
-    "trainer.parallelism_config": _PARALLEL,
     "trainer.utils.*": "Accelerate's file layout inside accelerate.utils (ao, bnb, constants, dataclasses, environment, fsdp_utils, "
                        "imports, launch, megatron_lm, memory, modeling, offload, operations, other, random, torch_xla, "
                        "transformer_engine, versions): import every name from trainer.utils itself",

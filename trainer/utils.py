@@ -163,6 +163,7 @@ from trainer.accelerator.operations import (
     tqdm,
     wait_for_everyone,
 )
+from trainer.accelerator.parallelism import ParallelismConfig, TorchTensorParallelConfig
 from trainer.big_modeling import init_empty_weights, init_on_device
 from trainer.unsupported import unsupported_names
 
@@ -313,6 +314,7 @@ __all__ = [
     "KwargsHandler",
     "LoggerType",
     "MSAMPRecipeKwargs",
+    "ParallelismConfig",
     "PrecisionType",
     "ProfileKwargs",
     "ProjectConfiguration",
@@ -320,6 +322,7 @@ __all__ = [
     "TERecipeKwargs",
     "TensorInformation",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
     "broadcast",
     "broadcast_object",
     "broadcast_object_list",

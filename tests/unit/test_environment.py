@@ -81,6 +81,21 @@ def test_xla_without_torch_xla_names_the_fix(monkeypatch):
     assert xla_device_present({}) is False
 
 
+def test_xla_cpu_runtime_refuses_several_processes_before_any_starts(monkeypatch):
+    """torch_xla's CPU runtime cannot meet across processes (tests/xla runs the real refusals on it)."""
+    from strategies.xla import check_xla_processes
+    from trainer.cli.config import LaunchSettings
+    from trainer.cli.launch import run_xla
+
+    for ok in ((1, "CPU"), (None, "CPU"), (8, "TPU"), (2, None)):
+        check_xla_processes(*ok)
+    with pytest.raises(ValueError, match=r"runs one process, but 2 were asked for.*pytorch/xla#9496.*strategy='ddp'"):
+        check_xla_processes(2, "cpu")
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    with pytest.raises(ValueError, match=r"runs one process, but 2 were asked for"):  # before torch_xla is imported
+        run_xla(LaunchSettings(num_processes=2, strategy="xla"), "train.py")
+
+
 def test_distributed_type_keeps_accelerates_tpu_alias():
     from trainer.utils import DistributedType
 
