@@ -25,7 +25,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HE
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "fsdp", "deepspeed", "resume", "memory", "compile")
+SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "nd", "fsdp", "deepspeed", "resume", "memory", "compile")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         fsdp,
         import_time,
         memory,
+        nd_parallel,
         resume,
         step_time,
         zero,
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "async_checkpoint": checkpoint_async, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
+    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "async_checkpoint": checkpoint_async, "nd": nd_parallel, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
                "memory": memory, "compile": compile_step}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
     print(header, flush=True)
