@@ -1,7 +1,8 @@
 """``kill -9`` during an asynchronous save's background write, then resume: both faces, 1 and 2 processes, DDP and FSDP.
 
 Each phase is a real job (``python -m tests.distributed.test_async_checkpoint_kill``; ``torchrun`` for 2 processes).
-A run saves at steps 3 and 6 (asynchronously) and trains to step 9. In the killed run, process 0 SIGKILLs itself
+A run saves at steps 3 and 6 (asynchronously) and trains to step 9 (also on a 2×2 mesh: FSDP × tensor parallel on 4
+processes). In the killed run, process 0 SIGKILLs itself
 while its background thread is writing the step-6 checkpoint (an object registered for checkpointing kills the
 process when it is pickled, which happens only in that write). Then:
 
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS, EVERY, KILL_AT = 9, 3, 6
-CASES = [("accelerator", 1, "single"), ("accelerator", 2, "ddp"), ("accelerator", 2, "fsdp"),
+CASES = [("accelerator", 1, "single"), ("accelerator", 2, "ddp"), ("accelerator", 2, "fsdp"), ("accelerator", 4, "fsdp_tp"),
          ("trainer", 1, "single"), ("trainer", 2, "ddp"), ("trainer", 2, "fsdp")]
 
 
@@ -100,10 +101,11 @@ class Probe:
         self.step = int(state["step"])
 
 
-def _data(step: int) -> tuple[Any, Any]:
+def _data(step: int, rank: int) -> tuple[Any, Any]:
+    """The batch of data-parallel process `rank` at `step` (a tensor-parallel group shares one)."""
     import torch
 
-    g = torch.Generator().manual_seed(1000 + step * 10 + int(os.environ.get("RANK", "0")))
+    g = torch.Generator().manual_seed(1000 + step * 10 + rank)
     x = torch.randn(8, 16, generator=g)
     return x, x.sum(1, keepdim=True)
 
@@ -114,8 +116,14 @@ def _accelerator_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, i
     from trainer import Accelerator, ProjectConfiguration
     from trainer.utils import set_seed
 
-    accelerator = Accelerator(cpu=True, strategy=strategy, project_config=ProjectConfiguration(
-        project_dir=str(root), automatic_checkpoint_naming=True))
+    project = ProjectConfiguration(project_dir=str(root), automatic_checkpoint_naming=True)
+    if strategy == "fsdp_tp":  # a 2×2 mesh: FSDP over 2, tensor parallel over 2
+        from trainer import ParallelismConfig
+
+        config = ParallelismConfig(dp_shard_size=2, tp_size=2, tp_plan={"0": "colwise", "2": "rowwise"})
+        accelerator = Accelerator(cpu=True, parallelism_config=config, project_config=project)
+    else:
+        accelerator = Accelerator(cpu=True, strategy=strategy, project_config=project)
     set_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -127,7 +135,7 @@ def _accelerator_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, i
         accelerator.load_state()  # the newest complete checkpoint_<n>
         resumed_from = probe.step
     for step in range(resumed_from + 1, TOTAL_STEPS + 1):
-        x, y = _data(step)
+        x, y = _data(step, accelerator.strategy.data_parallel_rank)
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
@@ -151,7 +159,7 @@ def _trainer_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, int]:
             self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
-            x, y = _data(self.trainer.global_step + 1)
+            x, y = _data(self.trainer.global_step + 1, self.trainer.strategy.data_parallel_rank)
             return torch.nn.functional.mse_loss(self.net(x), y)
 
         def configure_optimizers(self) -> Any:
