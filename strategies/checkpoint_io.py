@@ -699,13 +699,17 @@ class CheckpointReader:
                     self._helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint-hash")
                 self._ahead[name] = self._helpers.submit(map_file, self.directory / name, self.algorithm)
 
-    def close(self) -> None:
-        """Stop hashing ahead (files not read yet are dropped)."""
+    def close(self, *, check: bool = True) -> None:
+        """Stop hashing ahead: files not started are dropped; those hashed already are checked (a file read is a file
+        checked, whether or not the load used it), raising `CheckpointError` for a damaged one (unless not `check`)."""
         ahead, self._ahead = self._ahead, {}
         if self._helpers is not None:
             self._helpers.shutdown(wait=True, cancel_futures=True)
             self._helpers = None
-        ahead.clear()
+        for name, future in ahead.items():
+            if check and not future.cancelled() and future.exception() is None:
+                data, digest = future.result()
+                self._check(name, len(data), str(digest))
 
     def _check(self, name: str, size: int, digest: str) -> None:
         entry = (self.expected or {}).get(name)
@@ -724,6 +728,9 @@ class CheckpointReader:
         data, digest = ahead.result() if ahead is not None else map_file(self.directory / name, self.algorithm)
         self._check(name, len(data), str(digest))
         return data
+
+    def _prefetch_paths(self, paths: list[Path]) -> None:
+        self.prefetch([path.relative_to(self.directory).as_posix() for path in paths])
 
     def _open(self, path: Path) -> MemoryFile:
         return MemoryFile(self.read(path.relative_to(self.directory).as_posix()))
@@ -764,7 +771,7 @@ class CheckpointReader:
 
         if not self.hashes:
             return dcp.FileSystemReader(self.directory / name)
-        return CheckingReader(self.directory / name, self._open)
+        return CheckingReader(self.directory / name, self._open, self._prefetch_paths)
 
     def _check_split(self, names: list[str]) -> None:
         rank, world, gather = _split(self.share)
@@ -788,12 +795,15 @@ class CheckpointReader:
         failure: CheckpointError | None = None
         try:
             yield self
+            self.close()  # (what was hashed ahead and not read is checked too)
         except CheckpointError as err:
+            self.close(check=False)
             if gather is None:
                 raise
             failure = err
-        finally:
-            self.close()
+        except BaseException:
+            self.close(check=False)
+            raise
         checked = set(self.checked)
         if gather is not None:
             order = sorted(self.expected or {})  # (the same on every process: names travel as their places in it)

@@ -15,7 +15,6 @@ share of it, and ``state_dict`` keeps what a pass resumed mid-epoch needs to dra
 
 from __future__ import annotations
 
-import base64
 import copy
 import dataclasses
 import itertools
@@ -27,12 +26,22 @@ from torch.utils.data import (
     BatchSampler,
     DataLoader,
     IterableDataset,
-    RandomSampler,
-    SequentialSampler,
     TensorDataset,
 )
 from torch.utils.data._utils.collate import default_collate
 
+from strategies.order import (
+    SeedableRandomSampler,
+    boundary_record,
+    decode,
+    encode,
+    flat_index_tensor,
+    order_generator,
+    ordered,
+    pass_record,
+    redraw,
+    undraw_unreached,
+)
 from strategies.sharding import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -58,77 +67,6 @@ _CARRIED = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
     "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
 )
-
-
-class SeedableRandomSampler(RandomSampler):
-    """Accelerate's ``SeedableRandomSampler``: the order of epoch ``e`` is drawn from a generator seeded with ``seed + e``.
-
-    Every process building one with the same seed draws the same order in the same epoch, and a resumed run
-    draws the order it was interrupted in. The generator is the one given (reseeded every epoch, as Accelerate
-    does), else one of its own. ``seed`` (Accelerate's ``data_seed``) defaults to ``torch.initial_seed()``, the
-    seed `set_seed` set. Iterating it directly advances the epoch after a full pass (a prepared loader sets the
-    epoch itself).
-    """
-
-    def __init__(
-        self, data_source: Any, replacement: bool = False, num_samples: int | None = None,
-        generator: torch.Generator | None = None, *, seed: int | None = None, data_seed: int | None = None,
-    ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
-        chosen = seed if seed is not None else data_seed
-        self.seed = int(chosen) if chosen is not None else torch.random.initial_seed()
-        self.epoch = 0
-
-    @property
-    def initial_seed(self) -> int:
-        """Accelerate's name for ``seed``."""
-        return self.seed
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the order of ``epoch``."""
-        self.epoch = epoch
-
-    def indices_tensor(self) -> torch.Tensor:
-        """This epoch's indices as an int64 tensor (what iterating the sampler yields)."""
-        if self.generator is None:
-            self.generator = torch.Generator()
-        self.generator.manual_seed(self.seed + self.epoch)
-        return random_sampler_indices(self, self.generator)
-
-    def __iter__(self) -> Iterator[int]:
-        yield from self.indices_tensor().tolist()
-        self.epoch += 1
-
-
-def random_sampler_indices(sampler: RandomSampler, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One pass of a `RandomSampler` as an int64 tensor, drawn with the same calls as its ``__iter__``.
-
-    From ``generator`` if given, else from the sampler's own, else from a generator seeded by one draw from
-    torch's global RNG (so the RNGs are left exactly as iterating the sampler leaves them).
-    """
-    gen = generator if generator is not None else sampler.generator
-    if gen is None:
-        gen = torch.Generator()
-        gen.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-    return torch.cat([draw(gen) for _, draw in _random_sampler_draws(sampler)])
-
-
-def _random_sampler_draws(sampler: RandomSampler) -> list[tuple[int, Callable[[torch.Generator], torch.Tensor]]]:
-    """The draws `RandomSampler.__iter__` makes, in order: (position of the first index it yields, the draw).
-
-    Its ``__iter__`` is a generator: each draw happens when the index at its position is first asked for.
-    """
-    n, m = len(sampler.data_source), sampler.num_samples
-
-    def randint(size: int) -> Callable[[torch.Generator], torch.Tensor]:
-        return lambda gen: torch.randint(high=n, size=(size,), dtype=torch.int64, generator=gen)
-
-    def randperm(keep: int | None) -> Callable[[torch.Generator], torch.Tensor]:
-        return lambda gen: torch.randperm(n, generator=gen)[:keep]
-
-    if sampler.replacement:
-        return [(32 * j, randint(32)) for j in range(m // 32)] + [(32 * (m // 32), randint(m % 32))]
-    return [(n * j, randperm(None)) for j in range(m // n)] + [(n * (m // n), randperm(m % n))]
 
 
 def send_to_device(obj: Any, device: torch.device | str | int | None, non_blocking: bool = False) -> Any:
@@ -229,44 +167,6 @@ def _take_tensor(perm: torch.Tensor, begin: int, end: int, total: int) -> torch.
     base = min(length, total)
     wrapped = perm[torch.arange(max(begin, length) - length, end - length) % base]
     return torch.cat((perm[begin:length], wrapped)) if begin < length else wrapped
-
-
-def _flat_index_tensor(sampler: Any) -> torch.Tensor:
-    if hasattr(sampler, "indices_tensor"):
-        indices: torch.Tensor = sampler.indices_tensor()
-        return indices
-    if type(sampler) is SequentialSampler:
-        return torch.arange(len(sampler))
-    if type(sampler) is RandomSampler:
-        return random_sampler_indices(sampler)
-    return torch.as_tensor(list(sampler), dtype=torch.int64)
-
-
-def _inner_sampler(shard: Any) -> Any:
-    """The sampler under a `BatchSamplerShard`'s batch sampler (None for a batch sampler without one)."""
-    return getattr(getattr(shard, "batch_sampler", None), "sampler", None)
-
-
-def _draws_nothing(sampler: Any) -> bool:
-    """Whether a sampler's order is fixed by its settings and epoch alone (nothing to record for a resume)."""
-    return type(sampler) is SequentialSampler or isinstance(sampler, SeedableRandomSampler)
-
-
-def _encode_state(state: torch.Tensor) -> str:
-    return base64.b64encode(state.contiguous().numpy().tobytes()).decode("ascii")
-
-
-def _decode_state(text: Any, like: torch.Tensor, what: str) -> torch.Tensor:
-    try:
-        raw = base64.b64decode(text, validate=True) if isinstance(text, str) else None
-    except ValueError:
-        raw = None
-    if raw is None or len(raw) != like.numel():
-        raise ValueError(
-            f"state_dict['order'][{what!r}] is not the saved state of a {like.numel()}-byte RNG; pass the dict returned by "
-            "DataLoaderShard.state_dict() unchanged"
-        )
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
 def _batch_fetcher(loader: DataLoader) -> tuple[Callable[[Any], Any], bool] | None:
@@ -404,9 +304,9 @@ class DataLoaderShard(DataLoader):
             state: dict[str, Any] = {"epoch": progress.epoch + 1, "batches_yielded": 0, "seed": self.seed}
         else:
             state = {"epoch": progress.epoch, "batches_yielded": progress.position, "seed": self.seed}
-        order = progress.record if state["batches_yielded"] else self._boundary_record()
+        order = progress.record if state["batches_yielded"] else boundary_record(self._shard)
         if order:
-            state["order"] = {name: _encode_state(value) for name, value in order.items()}
+            state["order"] = encode(order)
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -425,9 +325,9 @@ class DataLoaderShard(DataLoader):
                     "(keys 'epoch', 'batches_yielded', 'seed', non-negative ints)"
                 )
             values[key] = value
-        record = self._loaded_record(state_dict.get("order"))
+        record = decode(state_dict.get("order"), self._shard)
         self.seed = values["seed"]
-        inner = _inner_sampler(self._shard)
+        inner = getattr(getattr(self._shard, "batch_sampler", None), "sampler", None)
         if isinstance(inner, SeedableRandomSampler):
             inner.seed = self.seed
         self._progress.epoch, self._progress.complete = values["epoch"], False
@@ -437,56 +337,7 @@ class DataLoaderShard(DataLoader):
         else:
             self._progress.record, self._progress.resume = {}, None
             if "generator" in record:
-                self._order_generator().set_state(record["generator"])  # type: ignore[union-attr]
-
-    def _order_generator(self) -> torch.Generator | None:
-        """The generator the sampler draws its order from (None: a fixed order, or torch's global RNG)."""
-        sampler = _inner_sampler(self._shard)
-        generator = getattr(sampler, "generator", None)
-        return generator if isinstance(generator, torch.Generator) and not _draws_nothing(sampler) else None
-
-    def _pass_record(self) -> dict[str, torch.Tensor]:
-        """The states of the RNGs this pass's order will be drawn from, as it starts."""
-        if not isinstance(self._shard, BatchSamplerShard) or _draws_nothing(_inner_sampler(self._shard)):
-            return {}
-        generator = self._order_generator()
-        return {"generator": generator.get_state()} if generator is not None else {"global": torch.get_rng_state()}
-
-    def _boundary_record(self) -> dict[str, torch.Tensor]:
-        generator = self._order_generator()
-        return {"generator": generator.get_state()} if generator is not None else {}
-
-    def _loaded_record(self, order: Any) -> dict[str, torch.Tensor]:
-        if order is None:
-            return {}
-        if not isinstance(order, Mapping) or not set(order) <= {"generator", "global"}:
-            raise ValueError(
-                f"state_dict['order']={order!r:.80} is not valid; pass the dict returned by DataLoaderShard.state_dict() unchanged"
-            )
-        record = {}
-        if "global" in order:
-            record["global"] = _decode_state(order["global"], torch.get_rng_state(), "global")
-        generator = self._order_generator()
-        if "generator" in order and generator is not None:
-            record["generator"] = _decode_state(order["generator"], generator.get_state(), "generator")
-        return record
-
-    def _redraw(self, record: dict[str, torch.Tensor]) -> Any:
-        """The order a pass drew from the RNG states in ``record``, drawn again as it was (base seed first), leaving
-        torch's global RNG as it is and the sampler's generator where that pass left it."""
-        shard: BatchSamplerShard = self._shard  # type: ignore[assignment]
-        sampler = _inner_sampler(shard)
-        generator = self._order_generator()
-        with torch.random.fork_rng(devices=[]):
-            if "global" in record:
-                torch.set_rng_state(record["global"])
-            if "generator" in record and generator is not None:
-                generator.set_state(record["generator"])
-            if self.generator is None or self.generator is generator:
-                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-            if shard.arithmetic:
-                return _flat_index_tensor(sampler)
-            return [list(batch) for batch in shard.batch_sampler]
+                order_generator(self._shard).set_state(record["generator"])  # type: ignore[union-attr]
 
     def __len__(self) -> int:
         """Batches the current pass yields on this process (a `skip_first_batches` view: the rest after the skip).
@@ -539,38 +390,10 @@ class DataLoaderShard(DataLoader):
         finally:
             self._pass_skip = None
             progress.end = False  # the pass is over: gather_for_metrics must not trim other loaders' batches
-            if not progress.complete:
-                self._undraw_unreached(progress)
+            if not progress.complete:  # left early (break): the sampler's generator as a plain loader's is left
+                workers = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 0
+                undraw_unreached(self._shard, progress.record, self.generator, progress.position + 1 + workers)
             progress.advance()
-
-    def _undraw_unreached(self, progress: _Progress) -> None:
-        """Leave the sampler's generator as a plain loader left behind leaves it, for a pass left before its end.
-
-        A `RandomSampler` draws its order in parts, each when its first index is asked for (the last, possibly
-        empty, part at the end). We draw the whole order at once; this puts the generator back to the draws that
-        the batches asked for so far had made, counting the batches loaded ahead (one, plus the workers' prefetch).
-        """
-        shard, generator = self._shard, self._order_generator()
-        sampler = _inner_sampler(shard)
-        if generator is None or "generator" not in progress.record or type(sampler) is not RandomSampler:
-            return
-        if not isinstance(shard, BatchSamplerShard) or not shard.arithmetic:
-            return
-        ahead = 1 + (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 1
-        produced = progress.position + ahead  # batches of this process the loader asked its batch sampler for
-        if produced >= len(shard):
-            return  # the batch sampler was read to its end: every part was drawn
-        # the last batch of the batch sampler read: a round of `num_processes` batches per batch (one when split)
-        read = produced - 1 if shard.split_batches else produced * shard.num_processes - 1
-        size = shard.batch_sampler.batch_size
-        replay = torch.Generator()
-        replay.set_state(progress.record["generator"])
-        if self.generator is generator:
-            torch.empty((), dtype=torch.int64).random_(generator=replay)
-        for first, draw in _random_sampler_draws(sampler):
-            if first // size <= read:
-                draw(replay)
-        generator.set_state(replay.get_state())
 
     def _batches(self, skip: int, replay: dict[str, torch.Tensor] | None) -> Iterator[Any]:
         """Raw batches of this pass, starting at batch ``skip``.
@@ -586,10 +409,10 @@ class DataLoaderShard(DataLoader):
         if replay is None:
             if self.synchronize is not None:
                 self.synchronize(self.synchronized_generator)
-            self._progress.record = self._pass_record()
+            self._progress.record = pass_record(shard)
         else:
             self._progress.record = replay
-            order = self._redraw(replay) if replay and isinstance(shard, BatchSamplerShard) else None
+            order = redraw(shard, replay, self.generator) if replay and isinstance(shard, BatchSamplerShard) else None
         rng = self.generator if self.generator is not None else torch.default_generator
         state = rng.get_state() if replay is not None else None
         if isinstance(shard, BatchSamplerShard) and self._fetcher is not None:
@@ -625,7 +448,7 @@ class DataLoaderShard(DataLoader):
         if order is not None:
             seq: Any = order if takes_tensor else order.tolist()
         else:
-            seq = _flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
+            seq = flat_index_tensor(sampler) if takes_tensor else flat_indices(sampler)
         take = _take_tensor if takes_tensor else take_span
         length = len(seq)
         for begin, end in shard.spans(length, skip):  # a span inside the index tensor is a view of it
@@ -649,33 +472,6 @@ _END = object()
 
 def _carried_kwargs(loader: DataLoader) -> dict[str, Any]:
     return {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
-
-
-def _ordered(batch_sampler: Any, seed: int | None, num_processes: int) -> tuple[Any, torch.Generator | None]:
-    """The batch sampler drawing its order as Accelerate's prepared one does, and the generator to synchronize.
-
-    With a ``seed``, a `RandomSampler` (or subclass) becomes a `SeedableRandomSampler` (``use_seedable_sampler``).
-    Without, the sampler is kept; with several processes a sampler with a ``generator`` attribute left at ``None``
-    gets a generator seeded by one draw from torch's global RNG, as Accelerate gives it (on the sampler itself).
-    """
-    sampler: Any = getattr(batch_sampler, "sampler", None)
-    if seed is not None:
-        if not isinstance(sampler, RandomSampler):
-            return batch_sampler, None
-        seeded = SeedableRandomSampler(
-            sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, generator=sampler.generator,
-            seed=seed,
-        )
-        if type(batch_sampler) is BatchSampler:
-            return BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last), None
-        batch_sampler.sampler = seeded  # a custom batch sampler: replaced in place, as Accelerate does
-        return batch_sampler, None
-    if num_processes == 1 or not hasattr(sampler, "generator"):
-        return batch_sampler, None
-    if sampler.generator is None:
-        sampler.generator = torch.Generator()
-        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-    return batch_sampler, sampler.generator
 
 
 def _build(
@@ -715,7 +511,7 @@ def _build(
             f"prepare_data_loader cannot shard a DataLoader with batch_size=None over a {type(batch_sampler).__name__}; "
             "give it a batch_size, or pass a BatchSampler as its sampler"
         )
-    batch_sampler, generator = _ordered(batch_sampler, seed, num_processes)
+    batch_sampler, generator = ordered(batch_sampler, seed, num_processes)
     batch_shard = BatchSamplerShard(
         batch_sampler, num_processes=num_processes, process_index=process_index, split_batches=split_batches,
         even_batches=even_batches,

@@ -512,6 +512,8 @@ class DeepSpeedStrategy(Strategy, Engine):
             super().load_checkpoint(reader, models, optimizers, strict=strict)
             return
         engine = self.engine
+        engine_files = [name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")]
+        reader.prefetch([name for name in engine_files if _reads(name, self.rank)])  # checked while the engine starts
         with _through(engine, reader=reader if reader.hashes else None):
             loaded, _ = engine.load_checkpoint(
                 str(path / store.DEEPSPEED_DIR),
@@ -523,7 +525,6 @@ class DeepSpeedStrategy(Strategy, Engine):
         if loaded is None:
             raise checkpoint_io.CheckpointError(f"DeepSpeed found no engine checkpoint in {str(path / store.DEEPSPEED_DIR)!r}")
         if reader.hashes:  # the engine's files it did not read (its recovery scripts): checked by the process that saved them
-            engine_files = [name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")]
             for name in _owned(engine_files, self.rank):
                 if name not in reader.checked:
                     reader.read(name)
@@ -542,6 +543,13 @@ def _owned(names: list[str], rank: int) -> list[str]:
     and on process 0 those of no rank (the model states, the recovery scripts)."""
     mine, anyone = re.compile(rf"(^|_)pp_rank_{rank}_"), re.compile(r"(^|_)pp_rank_\d+_")
     return [name for name in names if mine.search(Path(name).name) or (rank == 0 and not anyone.search(Path(name).name))]
+
+
+def _reads(name: str, rank: int) -> bool:
+    """Whether the engine of process `rank` reads its file `name` when it loads (ZeRO): its own partitions and the
+    model states, which every process reads."""
+    base = Path(name).name
+    return base.endswith(".pt") and (re.search(rf"(^|_)pp_rank_{rank}_", base) is not None or re.search(r"(^|_)pp_rank_\d+_", base) is None)
 
 
 class _ThroughCheckpointIO:

@@ -106,6 +106,12 @@ def check_xla_processes(num_processes: int | None, runtime: str | None) -> None:
         )
 
 
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `tensor`: of an XLA tensor the transfer itself, of a CPU one a clone (``.cpu()`` would return it,
+    and an asynchronous save would then write what later steps made of it)."""
+    return tensor.detach().to("cpu", copy=True)
+
+
 def _check_xla_precision(precision: str) -> None:
     """Refuse what XLA cannot run, before torch_xla is imported: fp16 and the true modes."""
     mode = normalize_precision(precision)
@@ -228,12 +234,13 @@ class XLAStrategy(Strategy):
             self._xm.set_rng_state(seed)
 
     def module_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        """The weights on the CPU (XLA tensors are device handles; moving them also waits for pending steps)."""
-        return {k: v.cpu() for k, v in super().module_state_dict(module).items()}
+        """The weights on the CPU (XLA tensors are device handles; moving them also waits for pending steps), always
+        copies: one already on the CPU (a model prepared with ``device_placement=False``) is not shared with training."""
+        return {k: _to_host(v) for k, v in super().module_state_dict(module).items()}
 
     def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
-        """As the base class, with every tensor moved to the CPU first (what ``xm.save`` does; that move is the copy an
-        asynchronous save needs, so `staging` is not used); rank 0 writes.
+        """As the base class, with every tensor copied to the CPU first (what ``xm.save`` does; that copy is the one an
+        asynchronous save needs, so `staging` is not used: tensors already on the CPU are cloned); rank 0 writes.
 
         The step marker that runs what is pending leaves the device's generator as it was: every ``mark_step``
         advances XLA's seed, and a run that saves must draw what the same run without saves (or resumed here) draws."""
@@ -242,7 +249,7 @@ class XLAStrategy(Strategy):
         states = [self.module_state_dict(m) for m in models]
         if self.rank != 0:
             return lambda writer: None
-        optimizer_states = [apply_to_tensors(lambda t: t.cpu(), opt.state_dict()) for opt in optimizers]
+        optimizer_states = [apply_to_tensors(_to_host, opt.state_dict()) for opt in optimizers]  # (Adam's step counts live on the CPU)
 
         def write(writer: checkpoint_io.CheckpointWriter) -> None:
             for i, state in enumerate(states):

@@ -62,7 +62,8 @@ def main() -> None:
     blocks = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"])
     accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=int(os.environ["WORLD_SIZE"]) // 2,
                                                                    tp_size=2, tp_plan=PLAN), fsdp_plugin=blocks)
-    model, optimizer = accelerator.prepare(make_model(), torch.optim.AdamW(make_model().parameters(), lr=1e-3))
+    plain = make_model()
+    model, optimizer = accelerator.prepare(plain, torch.optim.AdamW(plain.parameters(), lr=1e-3))
     device = accelerator.device
     mesh = init_device_mesh(device.type, (dist.get_world_size() // 2, 2), mesh_dim_names=("dp_shard", "tp"))
     raw_model, raw_optimizer = raw_setup(mesh)

@@ -2,7 +2,7 @@
 # The XLA tests, on torch_xla's CPU runtime (PJRT_DEVICE=CPU), in their own environment: one command builds it
 # (when absent) and runs them.
 #
-#   bash tests/xla/run.sh                 # build .venv-xla (first time: ~4 minutes, ~7 GB), then pytest tests/xla
+#   bash tests/xla/run.sh                 # build .venv-xla (first time: ~5 minutes, ~7 GB), then pytest tests/xla
 #   bash tests/xla/run.sh -k resume -x    # arguments go to pytest
 #
 # torch_xla 2.9 needs torch 2.9.0 exactly, so this cannot share the test venv (.venv, torch pinned in

@@ -212,7 +212,7 @@ if HAVE_XLA:
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def _digits_fit(project: Path, precision: str | None, ckpt_path: str | None = None) -> tuple[Trainer, Digits]:
+def _digits_fit(project: Path, precision: str | None, async_save: bool, ckpt_path: str | None = None) -> tuple[Trainer, Digits]:
     set_seed(0)
     g = torch.Generator().manual_seed(0)
     prototypes, y = torch.rand(10, 64, generator=g), torch.randint(0, 10, (640,), generator=g)
@@ -221,7 +221,7 @@ def _digits_fit(project: Path, precision: str | None, ckpt_path: str | None = No
     val = DataLoader(TensorDataset(x[512:], y[512:]), batch_size=64)
     trainer = Trainer(
         accelerator="tpu", devices=1, max_epochs=4, precision=precision, project_dir=str(project),
-        callbacks=[ModelCheckpoint(save_last=True, save_top_k=-1, every_n_epochs=1)],
+        callbacks=[ModelCheckpoint(save_last=True, save_top_k=-1, every_n_epochs=1, async_save=async_save)],
         enable_progress_bar=False, enable_model_summary=False,
     )
     module = Digits()
@@ -229,16 +229,16 @@ def _digits_fit(project: Path, precision: str | None, ckpt_path: str | None = No
     return trainer, module
 
 
-@pytest.mark.parametrize("precision", [None, "bf16-mixed"])
-def test_trainer_tpu_fits_and_resumes_bit_exactly(tmp_path: Path, precision: str | None) -> None:
-    trainer, module = _digits_fit(tmp_path / "full", precision)
+@pytest.mark.parametrize(("precision", "async_save"), [(None, False), ("bf16-mixed", True)], ids=["32", "bf16-mixed-async"])
+def test_trainer_tpu_fits_and_resumes_bit_exactly(tmp_path: Path, precision: str | None, async_save: bool) -> None:
+    trainer, module = _digits_fit(tmp_path / "full", precision, async_save)
     assert trainer.strategy.name == "xla" and trainer.global_step == 32
     assert module.epoch_losses[-1] < module.epoch_losses[0] / 3, module.epoch_losses
     assert float(trainer.callback_metrics["val_acc"]) > 0.9
     uninterrupted = _cpu(module)
 
     checkpoint = tmp_path / "full" / "checkpoints" / "epoch=1-step=16"  # two epochs (and four saves) before the end
-    resumed_trainer, resumed = _digits_fit(tmp_path / "resumed", precision, ckpt_path=str(checkpoint))
+    resumed_trainer, resumed = _digits_fit(tmp_path / "resumed", precision, async_save, ckpt_path=str(checkpoint))
     assert resumed_trainer.global_step == 32
     assert resumed.epoch_losses == module.epoch_losses[2:]
     after = _cpu(resumed)
