@@ -21,6 +21,8 @@ _EXPORTS = {
     "ThroughputMonitor": "callbacks.throughput",
     "OnExceptionCheckpoint": "callbacks.on_exception",
     "LambdaCallback": "callbacks.lambda_function",
+    "WeightAveraging": "callbacks.weight_averaging",
+    "EMAWeightAveraging": "callbacks.weight_averaging",
 }
 
 __all__ = ["Callback", *sorted(_EXPORTS)]

@@ -270,13 +270,11 @@ class Strategy:
             return total
         norms = []
         for group in by_mesh.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None], norm_type)
             full = getattr(norm, "full_tensor", None)  # a sharded (DTensor) norm is partial per process
             norms.append(full() if callable(full) else norm)
-        if math.isinf(norm_type):
-            total = torch.stack(norms).max()
-        else:
-            total = torch.stack(norms).pow(norm_type).sum().pow(1.0 / norm_type)
+        stacked = torch.stack(norms)
+        total = stacked.max() if math.isinf(norm_type) else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total

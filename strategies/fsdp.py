@@ -324,7 +324,16 @@ class FSDPStrategy(Strategy):
         return True, (full_state(module) if self.rank == 0 else None)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return repoint_optimizer(self, optimizer, "FSDP cannot move its state onto the shards")
+        optimizer = repoint_optimizer(self, optimizer, "FSDP cannot move its state onto the shards")
+        plain = [p for group in optimizer.param_groups for p in group["params"] if type(p).__name__ != "DTensor"]
+        if plain:  # no prepared model holds them: they would be neither sharded nor synchronized across the processes
+            raise ValueError(
+                f"this optimizer steps {len(plain)} parameters that no model prepared with strategy='fsdp' holds (of shapes "
+                f"{[tuple(p.shape) for p in plain[:3]]}...): it was built on another model object, or before its model was "
+                "prepared in a separate prepare() call. Build the optimizer on the model you pass to prepare(), and prepare the "
+                "model first (or both in one call)"
+            )
+        return optimizer
 
     def redirects_forward(self, wrapped: nn.Module, module: nn.Module) -> bool:
         return True  # fully_shard works in place: the root's pre-forward unshard runs only through __call__

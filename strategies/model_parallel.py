@@ -73,11 +73,8 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         cluster = detect_environment() if cluster is None else cluster
         world = cluster.world_size
-        tp = cluster.local_world_size if tensor_parallel_size == "auto" else tensor_parallel_size
-        dp = world // tp if data_parallel_size == "auto" and isinstance(tp, int) and tp > 0 and world % tp == 0 else data_parallel_size
-        for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"ModelParallelStrategy({name}={size!r}) must be 'auto' or an int >= 1")
+        tp = _size("tensor_parallel_size", cluster.local_world_size if tensor_parallel_size == "auto" else tensor_parallel_size)
+        dp = _size("data_parallel_size", max(world // tp, 1) if data_parallel_size == "auto" else data_parallel_size)
         if dp * tp != world:
             raise ValueError(
                 f"ModelParallelStrategy: data_parallel_size={dp} × tensor_parallel_size={tp} = {dp * tp}, but there are {world} "
@@ -121,6 +118,12 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def __repr__(self) -> str:
         return f"ModelParallelStrategy(data_parallel_size={self.dims.dp_shard}, tensor_parallel_size={self.dims.tp}, device={self.device})"
+
+
+def _size(name: str, size: Any) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"ModelParallelStrategy({name}={size!r}) must be 'auto' or an int >= 1")
+    return size
 
 
 def _has_dtensors(module: nn.Module) -> bool:

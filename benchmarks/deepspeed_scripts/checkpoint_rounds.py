@@ -1,10 +1,10 @@
-"""DeepSpeed checkpoints against the engine's own in the same job (run with ``trainer launch --num_processes 2 --cpu``).
+"""DeepSpeed checkpoints against the engine's own, in the same job (run with ``trainer launch --num_processes 2 --cpu``).
 
-Usage: checkpoint_rounds.py RESULT.json ROUNDS FOLDER [--no-export]. Each round saves the same ZeRO-2 engine with
-its own ``save_checkpoint`` and with ``save_state``, then loads it with the engine's ``load_checkpoint`` and with
-``load_state`` (every file's digest checked), the order alternating between rounds; every timing ends at a barrier.
-``--no-export`` saves without the consolidated ``model.safetensors`` (``DeepSpeedStrategy(export_weights=False)``).
-Rank 0 writes the times.
+Usage: checkpoint_rounds.py RESULT.json ROUNDS FOLDER. Each round saves the same ZeRO-2 engine three ways: with the
+engine's own ``save_checkpoint``, with ``save_state`` of ``DeepSpeedStrategy(export_weights=False)`` (the engine's files,
+hashed while written, plus RNG states, data positions and the manifest) and with the default ``save_state`` (also the
+consolidated ``model.safetensors``); then loads each the same way (``load_checkpoint``; ``load_state`` with every file's
+digest checked). The order rotates between rounds; every timing ends at a barrier. Rank 0 writes the times.
 """
 
 import json
@@ -19,11 +19,12 @@ from benchmarks.fsdp_scripts.model import WIDTH, make_model
 from strategies import DeepSpeedStrategy
 from trainer import Accelerator
 
+SIDES = ("raw", "lean", "full")  # the engine's own; save_state without and with the consolidated weights
+
 
 def main() -> None:
     result, rounds, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    export = "--no-export" not in sys.argv[4:]
-    strategy = DeepSpeedStrategy(zero_stage=2, timeout=60, **({} if export else {"export_weights": False}))
+    strategy = DeepSpeedStrategy(zero_stage=2, timeout=60)
     accelerator = Accelerator(strategy=strategy)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -42,19 +43,25 @@ def main() -> None:
         dist.barrier()
         return time.perf_counter() - begin
 
-    def raw_save(path: str) -> None:
-        engine.save_checkpoint(path, tag="state")
+    def save(side: str, path: str) -> None:
+        if side == "raw":
+            engine.save_checkpoint(path, tag="state")
+        else:
+            strategy.export_weights = side == "full"
+            accelerator.save_state(path)
 
-    def raw_load(path: str) -> None:
-        engine.load_checkpoint(path, tag="state")
+    def load(side: str, path: str) -> None:
+        if side == "raw":
+            engine.load_checkpoint(path, tag="state")
+        else:
+            accelerator.load_state(path)
 
-    times: dict[str, list[float]] = {"raw_save": [], "ours_save": [], "raw_load": [], "ours_load": []}
+    times: dict[str, list[float]] = {f"{side}_{kind}": [] for side in SIDES for kind in ("save", "load")}
     for r in range(rounds):
-        sides = [("raw", raw_save, raw_load), ("ours", accelerator.save_state, accelerator.load_state)]
-        for name, save, load in sides if r % 2 == 0 else sides[::-1]:
-            path = f"{folder}/{name}{r}"
-            times[f"{name}_save"].append(timed(lambda: save(path)))  # noqa: B023  (called at once)
-            times[f"{name}_load"].append(timed(lambda: load(path)))  # noqa: B023
+        for side in SIDES[r % 3 :] + SIDES[: r % 3]:
+            path = f"{folder}/{side}{r}"
+            times[f"{side}_save"].append(timed(lambda: save(side, path)))  # noqa: B023  (called at once)
+            times[f"{side}_load"].append(timed(lambda: load(side, path)))  # noqa: B023
     if accelerator.is_main_process:
         with open(result, "w") as handle:
             json.dump(times, handle)

@@ -51,7 +51,7 @@ QUIET: dict[str, Any] = dict(log_with=None, enable_progress_bar=False, enable_mo
         ({"inference_mode": "yes"}, TypeError, "inference_mode='yes' must be True or False"),
         ({"detect_anomaly": None}, TypeError, "detect_anomaly=None must be True or False"),
         ({"benchmark": "on"}, TypeError, "benchmark='on' must be True, False or None"),
-        ({"profiler": "advanced"}, ValueError, "profiler='advanced' is not supported; choose one of None, 'simple'"),
+        ({"profiler": "xla"}, ValueError, "profiler='xla' is not supported; choose one of None, 'simple', 'advanced', 'pytorch'"),
     ],
 )
 def test_bad_values_are_refused_at_construction(kwargs: dict[str, Any], error: type, match: str, tmp_path: Any) -> None:

@@ -64,6 +64,9 @@ class DataLoaderConfiguration:
     ``dispatch_batches`` (default: on for iterable data sets whose batches go to the device) gives an iterable data
     set the order of Accelerate's ``DataLoaderDispatcher``; every process reads the stream and keeps its part, nothing
     is broadcast. For a map-style data set ``dispatch_batches=True`` is refused when the loader is prepared.
+
+    ``use_seedable_sampler`` (off, as in Accelerate) shuffles by ``data_seed + epoch`` instead of drawing from the
+    sampler's generator or torch's global RNG at every pass; ``data_seed`` has no effect without it (docs/data.md).
     """
 
     split_batches: bool = False

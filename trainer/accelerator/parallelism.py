@@ -57,6 +57,9 @@ class ParallelismConfig:
     tp_plan: dict[str, Any] | None = None
     device_mesh: Any = field(default=None, repr=False)
 
+    def _size(self, name: str) -> int:
+        return int(getattr(self, f"{name}_size"))
+
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
             if getattr(self, f"{name}_size") is None:
@@ -68,14 +71,14 @@ class ParallelismConfig:
             size = getattr(self, f"{name}_size")
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"ParallelismConfig({name}_size={size!r}) must be an int >= 1")
-        if self.cp_size > 1 or self.sp_size > 1 or self.cp_handler is not None or self.sp_handler is not None:
+        if self._size("cp") > 1 or self._size("sp") > 1 or self.cp_handler is not None or self.sp_handler is not None:
             raise NotImplementedError(
-                f"ParallelismConfig(cp_size={self.cp_size}, sp_size={self.sp_size}): context and sequence parallelism are not "
+                f"ParallelismConfig(cp_size={self._size('cp')}, sp_size={self._size('sp')}): context and sequence parallelism are not "
                 "available yet; use dp_replicate_size, dp_shard_size and tp_size"
             )
-        if self.tp_size > 1 and self.tp_handler is None:
+        if self._size("tp") > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
-        if self.tp_size > 1 and self.dp_replicate_size > 1 and self.dp_shard_size == 1:
+        if self._size("tp") > 1 and self._size("dp_replicate") > 1 and self._size("dp_shard") == 1:
             raise ValueError(
                 "ParallelismConfig: tensor parallelism (tp_size > 1) with pure data parallelism (dp_replicate_size > 1, "
                 "dp_shard_size == 1) is not supported (nor by Accelerate); set dp_shard_size > 1 (FSDP + TP, or HSDP + TP "
@@ -85,27 +88,27 @@ class ParallelismConfig:
     # Accelerate's properties ------------------------------------------------------------------------------
     @property
     def total_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size  # type: ignore[operator]
+        return self._size("dp_replicate") * self._size("dp_shard") * self._size("tp") * self._size("cp") * self._size("sp")
 
     @property
     def data_parallel_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size  # type: ignore[operator]
+        return self._size("dp_replicate") * self._size("dp_shard")
 
     @property
     def non_data_parallel_size(self) -> int:
-        return self.tp_size * self.cp_size * self.sp_size  # type: ignore[operator]
+        return self._size("tp") * self._size("cp") * self._size("sp")
 
     @property
     def dp_replicate_enabled(self) -> bool:
-        return self.dp_replicate_size > 1  # type: ignore[operator]
+        return self._size("dp_replicate") > 1
 
     @property
     def dp_shard_enabled(self) -> bool:
-        return self.dp_shard_size > 1  # type: ignore[operator]
+        return self._size("dp_shard") > 1
 
     @property
     def tp_enabled(self) -> bool:
-        return self.tp_size > 1  # type: ignore[operator]
+        return self._size("tp") > 1
 
     @property
     def cp_enabled(self) -> bool:
@@ -137,7 +140,7 @@ class ParallelismConfig:
             self.dp_replicate_size = num_processes
         if self.total_size != num_processes:
             raise ValueError(
-                f"ParallelismConfig total_size ({self.dp_replicate_size} × {self.dp_shard_size} × {self.tp_size} = "
+                f"ParallelismConfig total_size ({self._size('dp_replicate')} × {self._size('dp_shard')} × {self._size('tp')} = "
                 f"{self.total_size}) does not match num_processes ({num_processes}); adjust dp_replicate_size/dp_shard_size/"
                 "tp_size so their product is the number of processes"
             )
@@ -149,5 +152,5 @@ class ParallelismConfig:
         return self.dp_shard_enabled or self.tp_enabled
 
     def parallel_dims(self, world_size: int) -> ParallelDims:
-        return ParallelDims(world_size=world_size, dp_replicate=self.dp_replicate_size, dp_shard=self.dp_shard_size,  # type: ignore[arg-type]
-                            tp=self.tp_size)  # type: ignore[arg-type]
+        return ParallelDims(world_size=world_size, dp_replicate=self._size("dp_replicate"), dp_shard=self._size("dp_shard"),
+                            tp=self._size("tp"))

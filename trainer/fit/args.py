@@ -19,6 +19,7 @@ from strategies.environment import detect_environment
 from trainer.accelerator import Accelerator
 from trainer.accelerator.config import DataLoaderConfiguration, TorchDynamoPlugin
 from trainer.fit.plugins import check_plugins
+from trainer.fit.profiler import Profiler
 from trainer.launchers import can_rerun_current_script, launch_current_script
 
 
@@ -62,7 +63,7 @@ class TrainerArgs:
     inference_mode: bool = True
     detect_anomaly: bool = False
     benchmark: bool | None = None
-    profiler: str | None = None
+    profiler: str | Profiler | None = None
     compile: Any = None
     stop_check_interval: int | float = 1.0
     min_epochs: int = 0
@@ -169,8 +170,9 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     if kw["benchmark"] is not None and not isinstance(kw["benchmark"], bool):
         raise TypeError(f"benchmark={kw['benchmark']!r} must be True, False or None (leave torch.backends.cudnn.benchmark as it is)")
     _check_int("reload_dataloaders_every_n_epochs", kw["reload_dataloaders_every_n_epochs"], 0, hint=" (0: never reload)")
-    if kw["profiler"] not in _PROFILERS:
-        raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}")
+    if not isinstance(kw["profiler"], Profiler) and kw["profiler"] not in _PROFILERS:
+        raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}, "
+                         "or pass a Profiler (SimpleProfiler, AdvancedProfiler, PyTorchProfiler from trainer.profilers)")
     kw["compile"] = _compile_plugin(kw["compile"])
     kw["async_checkpoint"] = check_plugins(kw.pop("plugins", None))
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
@@ -188,7 +190,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
 
 
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
-_PROFILERS = (None, "simple")
+_PROFILERS = (None, "simple", "advanced", "pytorch")
 
 
 def _compile_plugin(value: Any) -> Any:

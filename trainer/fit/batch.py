@@ -38,7 +38,7 @@ from trainer.fit.profiler import timed
 from trainer.fit.transfer import transfer_batch
 
 if TYPE_CHECKING:
-    from trainer.fit.profiler import SimpleProfiler
+    from trainer.fit.profiler import Profiler
     from trainer.fit.trainer import Trainer
 
 _BATCH_EVENTS = ("on_train_batch_start", "on_before_zero_grad", "on_before_backward", "on_after_backward",
@@ -288,8 +288,9 @@ class ProfiledTrainBatch(TrainBatch):
         super().__init__(trainer)
         if trainer.profiler is None:
             raise ValueError("ProfiledTrainBatch times a Trainer(profiler='simple'); this Trainer has no profiler")
-        profiler: SimpleProfiler = trainer.profiler
+        profiler: Profiler = trainer.profiler
         self.profiler = profiler
+        profiler.epoch_batches = trainer.num_training_batches
         self.automatic_step = timed(profiler, "training_step", self.automatic_step)
         self.manual_step = timed(profiler, "training_step", self.manual_step)
         self.backward = timed(profiler, "backward", self.backward)

@@ -196,7 +196,7 @@ class TrainModule(nn.Module):
     # properties TorchScript must not compile (`to_torchscript`): they read the run or Python-only state
     __jit_unused_properties__: ClassVar[list[str]] = [
         "trainer", "device", "global_step", "logger", "loggers", "global_rank", "local_rank", "current_epoch",
-        "example_input_array", "strict_loading",
+        "example_input_array", "strict_loading", "device_mesh",
     ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -44,7 +44,7 @@ from trainer.fit.checkpointing import (
 from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.dispatch import HookDispatcher, order_callbacks, with_module_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
-from trainer.fit.profiler import ProfiledDispatcher, SimpleProfiler, profile
+from trainer.fit.profiler import ProfiledDispatcher, Profiler, build_profiler, profile
 from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
@@ -119,7 +119,8 @@ class Trainer:
             always use ``no_grad``).
         detect_anomaly: run ``fit`` under ``torch.autograd.detect_anomaly()``.
         benchmark: set ``torch.backends.cudnn.benchmark`` (None leaves it as it is).
-        profiler: ``"simple"`` times the main actions and the hooks of ``fit`` and prints a summary at its end; None: off.
+        profiler: ``"simple"`` (wall time), ``"advanced"`` (cProfile), ``"pytorch"`` (torch.profiler traces) or such a
+            `Profiler` object (``trainer.profilers``) times the main actions and hooks of ``fit`` and reports at its end; None: off.
         compile: compile the module after the strategy set it up (sharded, activation-checkpointed): ``True`` (inductor,
             the whole forward), a `TorchDynamoPlugin` (``use_regional_compilation=True`` compiles each repeated block), or
             a dict of its fields. ``fit(torch.compile(module))`` does the same for the whole forward.
@@ -182,7 +183,7 @@ class Trainer:
         inference_mode: bool = True,
         detect_anomaly: bool = False,
         benchmark: bool | None = None,
-        profiler: str | None = None,
+        profiler: str | Profiler | None = None,
         compile: Any = None,
         stop_check_interval: int | float = 1.0,
         min_epochs: int | None = None,
@@ -223,7 +224,7 @@ class Trainer:
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
         self._val_limits: list[int | float] = []  # validation batches per loader of the running fit
         self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
-        self.profiler: SimpleProfiler | None = SimpleProfiler() if args.profiler == "simple" else None
+        self.profiler: Profiler | None = build_profiler(args.profiler)
         if args.benchmark is not None:
             torch.backends.cudnn.benchmark = args.benchmark
         if args.seed is not None:
@@ -477,13 +478,18 @@ class Trainer:
         module = self._unwrap_compiled(module)
         if self._accelerator is None:
             launch_processes(self._args)
-        if self.profiler is not None:
-            self.profiler.reset()
+        if self.profiler is not None:  # files named by rank when there are several (Lightning: by local rank)
+            self.profiler.setup("fit", self.global_rank if self.world_size > 1 else None, self.log_dir)
         anomaly = torch.autograd.detect_anomaly() if self._args.detect_anomaly else contextlib.nullcontext()
-        with anomaly:
-            self._run("fit", module, lambda: self._fit(module, train_dataloaders, val_dataloaders, ckpt_path), datamodule)
-        if self.profiler is not None and self.is_global_zero:
-            print(self.profiler.summary())
+        try:
+            with anomaly:
+                self._run("fit", module, lambda: self._fit(module, train_dataloaders, val_dataloaders, ckpt_path), datamodule)
+        except BaseException:
+            if self.profiler is not None:
+                self.profiler.teardown("fit")
+            raise
+        if self.profiler is not None:
+            self.profiler.describe()
 
     def validate(
         self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
