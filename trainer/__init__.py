@@ -59,6 +59,7 @@ _SUBMODULES = {
     "accelerators": "trainer.accelerators",
     "core": "trainer.core",
     "trainer": "trainer.trainer",
+    "profilers": "trainer.profilers",
     "callbacks": "callbacks",
     "loggers": "callbacks.trackers",
 }

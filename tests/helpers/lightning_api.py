@@ -18,7 +18,7 @@ PACKAGES = (  # the modules with an ``__all__``
     "lightning", "lightning.pytorch", "lightning.pytorch.strategies", "lightning.pytorch.plugins",
     "lightning.pytorch.plugins.precision", "lightning.pytorch.plugins.io", "lightning.pytorch.utilities",
     "lightning.pytorch.accelerators", "lightning.pytorch.loggers", "lightning.pytorch.core", "lightning.pytorch.trainer",
-    "lightning.pytorch.callbacks",
+    "lightning.pytorch.callbacks", "lightning.pytorch.profilers",
 )
 CURATED = {  # submodules without ``__all__``: the names scripts import from them
     "lightning.pytorch.plugins.environments": [

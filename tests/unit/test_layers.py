@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("strategies", "callbacks", "trainer")
 LIGHTNING_PATHS = ("trainer.strategies", "trainer.plugins", "trainer.utilities", "trainer.accelerators", "trainer.core",
-                   "trainer.trainer", "trainer.lightning_api")
+                   "trainer.trainer", "trainer.lightning_api", "trainer.profilers")
 REASON = re.compile(r"#\s*lazy:\s*\S")
 
 # Temporary exceptions, each (importing module, imported module) -> why; remove the entry with the import (a test fails
