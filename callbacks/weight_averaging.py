@@ -95,6 +95,7 @@ class WeightAveraging(Callback):
         if any(part.file == AVERAGED_MODEL_FILE and part is not self._part for part in parts):
             raise ValueError(f"{type(self).__name__}: a Trainer takes one weight-averaging callback; remove the others")
         self._remove_part()
+        self._average_model = None  # a new average for every fit, as Lightning's (built at on_fit_start, or by the resume)
         self._part = Part(AVERAGED_MODEL_FILE, "torch", _AveragedState(self, module), optional=True)
         self._accelerator = trainer.accelerator
         parts.append(self._part)

@@ -392,13 +392,17 @@ def without_zip_crc() -> Iterator[None]:
     every byte, which ``torch.load`` never checks (torch builds its zip reader without those checks) and which the
     manifest's digest of the whole file supersedes. The files are torch's usual format otherwise. (The setting is
     torch's, process-wide: a ``torch.save`` in another thread meanwhile skips it too; its file loads the same.)"""
+    get, put = getattr(torch.serialization, "get_crc32_options", None), getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or put is None:  # (torch < 2.5 always computes it)
+        yield
+        return
     with _CRC_LOCK:
-        before = torch.serialization.get_crc32_options()
-        torch.serialization.set_crc32_options(False)
+        before = get()
+        put(False)
         try:
             yield
         finally:
-            torch.serialization.set_crc32_options(before)
+            put(before)
 
 
 def _fsync_and_close(fd: int) -> None:
@@ -682,31 +686,29 @@ class CheckpointReader:
         self.share = share
         self.checked: set[str] = set()  # the files this process read and found intact
         self._ahead: dict[str, Future[tuple[Any, str | None]]] = {}  # files mapped and hashed ahead of their use
-        self._helpers: ThreadPoolExecutor | None = None
 
     def path(self, name: str) -> Path:
         return self.directory / name
 
     def prefetch(self, names: Sequence[str]) -> None:
-        """Map and hash the files `names` ahead, on two helper threads (the hash releases the GIL), while the load
-        parses and copies the files before them: `read` then waits only for a file's own check, and nothing is
-        used before it. The files are read once, as without this; the hashes of two files run at once."""
+        """Map and hash the files `names` ahead, in this order, on a helper thread (the hash releases the GIL) while
+        the load waits on the other processes or parses and copies the files before them: `read` then waits only for
+        a file's own check, and nothing of a file is used before it. Each file is still read once."""
         if not self.hashes:
             return
         for name in names:
             if name not in self._ahead and name in (self.expected or {}):
-                if self._helpers is None:
-                    self._helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint-hash")
-                self._ahead[name] = self._helpers.submit(map_file, self.directory / name, self.algorithm)
+                self._ahead[name] = _hashers().submit(map_file, self.directory / name, self.algorithm)
 
     def close(self, *, check: bool = True) -> None:
         """Stop hashing ahead: files not started are dropped; those hashed already are checked (a file read is a file
         checked, whether or not the load used it), raising `CheckpointError` for a damaged one (unless not `check`)."""
         ahead, self._ahead = self._ahead, {}
-        if self._helpers is not None:
-            self._helpers.shutdown(wait=True, cancel_futures=True)
-            self._helpers = None
+        for future in ahead.values():
+            future.cancel()
         for name, future in ahead.items():
+            if not future.cancelled():
+                future.exception()  # (waits: no file stays mapped by a helper past the load)
             if check and not future.cancelled() and future.exception() is None:
                 data, digest = future.result()
                 self._check(name, len(data), str(digest))
@@ -818,6 +820,18 @@ class CheckpointReader:
         unread = sorted(set(self.expected or {}) - checked)  # the same on every process
         if self.hashes and unread:
             self._check_split(unread)
+
+
+_HASHERS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _hashers() -> ThreadPoolExecutor:
+    """The thread that hashes files ahead of a load (`CheckpointReader.prefetch`), made once per process (a forked
+    child makes its own)."""
+    pid = os.getpid()
+    if pid not in _HASHERS:
+        _HASHERS[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-hash")
+    return _HASHERS[pid]
 
 
 def is_complete(directory: str | os.PathLike[str]) -> bool:

@@ -84,7 +84,7 @@ def test_pytorch_profiler_refuses_unknown_settings() -> None:
         PyTorchProfiler(sort_by_key="gpu")
     with pytest.raises(ValueError, match="table_kwargs key 'sort_by'"):
         PyTorchProfiler(table_kwargs={"sort_by": "count"})
-    with pytest.raises(ValueError, match="torch.profiler.schedule"):
+    with pytest.raises(ValueError, match=r"torch\.profiler\.schedule"):
         PyTorchProfiler(schedule=lambda step: "record")
 
 

@@ -50,7 +50,7 @@ def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
 @pytest.mark.timeout(300)
 def test_ema_equals_a_hand_computed_ema_and_is_used_for_validation_and_at_the_end(tmp_path: Path) -> None:
     ema, record = EMAWeightAveraging(decay=DECAY), StepWeights()
-    module, trainer, _ = run_fit(tmp_path, 7, extra_callbacks=(ema, record), validate_every=3)
+    module, _, _ = run_fit(tmp_path, 7, extra_callbacks=(ema, record), validate_every=3)
     assert len(record.after_step) == 7
     expected = hand_ema(record.after_step, DECAY)
     assert ema.average_model is not None and int(ema.average_model.n_averaged) == 7
