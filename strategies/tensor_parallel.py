@@ -42,20 +42,37 @@ def _style(name: str, value: Any) -> Any:
 
 
 def model_plan(model: nn.Module) -> dict[str, Any]:
-    """The tensor-parallel plan a `transformers` model carries: its base model's ``config.base_model_tp_plan`` (names
-    relative to the base model, e.g. ``model.``) and its own ``_tp_plan`` (e.g. ``lm_head``). Empty for other models."""
-    config = getattr(model, "config", None)
-    base = dict(getattr(config, "base_model_tp_plan", None) or {})
-    prefix = getattr(model, "base_model_prefix", "")
-    if prefix and hasattr(model, prefix) and getattr(model, prefix) is not model:
-        base = {f"{prefix}.{key}": value for key, value in base.items()}
-    own = dict(getattr(model, "_tp_plan", None) or {})
-    return {**base, **own}
+    """The tensor-parallel plan `transformers` models carry: for the model itself or each one inside it (a `TrainModule`
+    holding one as ``self.model``), its base model's ``config.base_model_tp_plan`` (names relative to the base model,
+    e.g. ``model.``) and its class's ``_tp_plan`` (e.g. ``lm_head``), prefixed with where it sits. Empty for other models."""
+    plan: dict[str, Any] = {}
+    taken: list[str] = []
+    for name, sub in model.named_modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "base_model_tp_plan", None) is None or any(name.startswith(f"{t}.") or not t for t in taken):
+            continue  # not a transformers model, or inside one already read
+        taken.append(name)
+        where = f"{name}." if name else ""
+        base = dict(config.base_model_tp_plan or {})
+        prefix = getattr(sub, "base_model_prefix", "")
+        if prefix and hasattr(sub, prefix) and getattr(sub, prefix) is not sub:
+            base = {f"{prefix}.{key}": value for key, value in base.items()}
+        own = dict(getattr(sub, "_tp_plan", None) or {})
+        plan.update({f"{where}{key}": value for key, value in {**base, **own}.items()})
+    return plan
+
+
+def _config_of(model: nn.Module) -> Any:
+    """The config of the `transformers` model `model` is or holds (None for others)."""
+    for _, sub in model.named_modules():
+        if getattr(getattr(sub, "config", None), "base_model_tp_plan", None) is not None:
+            return sub.config
+    return None
 
 
 def check_divisible(model: nn.Module, tp: int) -> None:
     """A `transformers` model's attention heads and key/value heads must split evenly over `tp` processes."""
-    config = getattr(model, "config", None)
+    config = _config_of(model)
     for field in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(config, field, None)
         if isinstance(heads, int) and heads % tp:

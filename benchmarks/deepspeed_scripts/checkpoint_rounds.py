@@ -1,13 +1,14 @@
 """DeepSpeed checkpoints against the engine's own, in the same job (run with ``trainer launch --num_processes 2 --cpu``).
 
-Usage: checkpoint_rounds.py RESULT.json ROUNDS FOLDER. Each round saves the same ZeRO-2 engine three ways: with the
-engine's own ``save_checkpoint``, with ``save_state`` of ``DeepSpeedStrategy(export_weights=False)`` (the engine's files,
+Usage: checkpoint_rounds.py RESULT.json ROUNDS FOLDER. Each round saves the same ZeRO-2 engine four ways: with the
+engine's own ``save_checkpoint`` (which flushes nothing to disk), the same followed by an fsync of its files, with ``save_state`` of ``DeepSpeedStrategy(export_weights=False)`` (the engine's files,
 hashed while written, plus RNG states, data positions and the manifest) and with the default ``save_state`` (also the
 consolidated ``model.safetensors``); then loads each the same way (``load_checkpoint``; ``load_state`` with every file's
 digest checked). The order rotates between rounds; every timing ends at a barrier. Rank 0 writes the times.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -19,7 +20,22 @@ from benchmarks.fsdp_scripts.model import WIDTH, make_model
 from strategies import DeepSpeedStrategy
 from trainer import Accelerator
 
-SIDES = ("raw", "lean", "full")  # the engine's own; save_state without and with the consolidated weights
+SIDES = ("raw", "synced", "lean", "full")  # the engine's own, then with its files flushed; save_state without and with
+# the consolidated weights
+
+
+def _flush(folder: str) -> None:
+    """fsync every file under `folder`, then the folders (what ours does before it commits), each process its own files."""
+    rank = dist.get_rank()
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            if "pp_rank_" in name and f"pp_rank_{rank}_" not in name or "pp_rank_" not in name and rank != 0:
+                continue
+            with open(os.path.join(root, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        descriptor = os.open(root, os.O_RDONLY)
+        os.fsync(descriptor)
+        os.close(descriptor)
 
 
 def main() -> None:
@@ -44,21 +60,23 @@ def main() -> None:
         return time.perf_counter() - begin
 
     def save(side: str, path: str) -> None:
-        if side == "raw":
+        if side in ("raw", "synced"):
             engine.save_checkpoint(path, tag="state")
+            if side == "synced":
+                _flush(path)
         else:
             strategy.export_weights = side == "full"
             accelerator.save_state(path)
 
     def load(side: str, path: str) -> None:
-        if side == "raw":
+        if side in ("raw", "synced"):
             engine.load_checkpoint(path, tag="state")
         else:
             accelerator.load_state(path)
 
     times: dict[str, list[float]] = {f"{side}_{kind}": [] for side in SIDES for kind in ("save", "load")}
     for r in range(rounds):
-        for side in SIDES[r % 3 :] + SIDES[: r % 3]:
+        for side in SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]:
             path = f"{folder}/{side}{r}"
             times[f"{side}_save"].append(timed(lambda: save(side, path)))  # noqa: B023  (called at once)
             times[f"{side}_load"].append(timed(lambda: load(side, path)))  # noqa: B023

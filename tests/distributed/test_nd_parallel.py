@@ -98,8 +98,8 @@ def _assert_close(single: dict[str, Any], many: dict[str, Any], tol: float = 1e-
 @pytest.mark.parametrize(
     ("kind", "sizes"),
     [("mlp", {"dp_shard_size": 2, "tp_size": 2}), ("mlp", {"dp_replicate_size": 2, "dp_shard_size": 2}),
-     ("llama", {"dp_shard_size": 2, "tp_size": 2})],
-    ids=["mlp-fsdp2xtp2", "mlp-hsdp2x2", "llama-fsdp2xtp2-own-plan"],
+     ("llama", {"dp_shard_size": 2, "tp_size": 2}), ("llama", {"dp_replicate_size": 2, "dp_shard_size": 2})],
+    ids=["mlp-fsdp2xtp2", "mlp-hsdp2x2", "llama-fsdp2xtp2-own-plan", "llama-hsdp2x2"],
 )
 def test_accelerator_on_a_2x2_mesh_matches_one_process(kind: str, sizes: dict[str, int]) -> None:
     if kind == "llama":
@@ -141,18 +141,18 @@ def test_a_2x2_checkpoint_loads_onto_2_processes_and_onto_1(tmp_path: Path) -> N
 
 
 # --------------------------------------------------------------------------------------------- the Trainer face
-def _trainer_run(strategy_kind: str) -> dict[str, Any]:
+def _trainer_run(strategy_kind: str, kind: str) -> dict[str, Any]:
     from strategies import FSDPStrategy, ModelParallelStrategy, ParallelDims
     from trainer import Trainer, TrainModule
 
     class Net(TrainModule):
         def __init__(self, parallelize: bool) -> None:
             super().__init__()
-            self.net = _mlp()
+            self.net = _llama() if kind == "llama" else _mlp()
             self.parallelize = parallelize
             self.norms: list[float] = []
 
-        def configure_model(self) -> None:
+        def configure_model(self) -> None:  # Lightning's ModelParallelStrategy contract: the module parallelizes itself
             if not self.parallelize:
                 return
             from torch.distributed.fsdp import fully_shard
@@ -162,7 +162,7 @@ def _trainer_run(strategy_kind: str) -> dict[str, Any]:
             fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            loss = F.mse_loss(self.net(batch[0]), batch[1])
+            loss = _loss(self.net, batch, kind)
             self.log("loss", loss, sync_dist=True)
             return loss
 
@@ -170,30 +170,34 @@ def _trainer_run(strategy_kind: str) -> dict[str, Any]:
             self.norms.append(float(self.trainer.strategy.clip_grad_norm_(self.parameters(), 1.0)))
 
         def configure_optimizers(self) -> Any:
-            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if strategy_kind == "single":
         strategy: Any = "single"
     elif strategy_kind == "model_parallel":
         strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2, cpu=True)
+    elif strategy_kind == "fsdp_tp":  # the strategy applies the plan the Llama inside the module carries
+        strategy = FSDPStrategy(parallel_dims=ParallelDims(world_size=world, dp_shard=2, tp=2), cpu=True)
     else:
         strategy = FSDPStrategy(parallel_dims=ParallelDims(world_size=world, dp_replicate=2, dp_shard=2), cpu=True)
     module = Net(parallelize=strategy_kind == "model_parallel")
     trainer = Trainer(strategy=strategy, accelerator="cpu", max_epochs=1, log_with=None, enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1)
     dp = trainer.strategy.data_parallel_size
-    trainer.fit(module, torch.utils.data.DataLoader(_dataset("mlp"), batch_size=BATCH // dp))
+    trainer.fit(module, torch.utils.data.DataLoader(_dataset(kind), batch_size=BATCH // dp))
     weights = trainer.strategy.module_state_dict(module)
     return {"norms": module.norms, "loss": float(trainer.logged_metrics["loss"]),
             "weights": {k.removeprefix("net."): v.clone() for k, v in weights.items()} if trainer.is_global_zero else None}
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("strategy_kind", ["model_parallel", "hsdp"])
-def test_trainer_on_a_2x2_mesh_matches_one_process(strategy_kind: str) -> None:
-    single = _trainer_run("single")
-    many = run_distributed(_trainer_run, strategy_kind, nprocs=4, timeout=600)[0]
+@pytest.mark.parametrize(("strategy_kind", "kind"), [("model_parallel", "mlp"), ("hsdp", "mlp"), ("fsdp_tp", "llama"), ("hsdp", "llama")])
+def test_trainer_on_a_2x2_mesh_matches_one_process(strategy_kind: str, kind: str) -> None:
+    if kind == "llama":
+        pytest.importorskip("transformers")
+    single = _trainer_run("single", kind)
+    many = run_distributed(_trainer_run, strategy_kind, kind, nprocs=4, timeout=600)[0]
     assert many["norms"] == pytest.approx(single["norms"], rel=1e-5)
     assert many["loss"] == pytest.approx(single["loss"], abs=1e-5)  # self.log(sync_dist=True): reduced over the data-parallel group
     worst = max((single["weights"][k] - many["weights"][k]).abs().max().item() for k in single["weights"])
