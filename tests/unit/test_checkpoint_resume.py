@@ -340,3 +340,28 @@ def test_a_resumed_run_reloads_its_dataloaders_at_the_same_epochs(tmp_path: Path
     assert trainer.global_step == 25
     assert {**first.losses, **resumed.losses} == straight.losses
     assert_same_weights(straight, resumed)
+
+
+class _Grown(ResumeNet):
+    """ResumeNet with one more buffer than the checkpoint written by a ResumeNet holds."""
+
+    def __init__(self, strict: bool) -> None:
+        super().__init__()
+        self.register_buffer("extra", torch.zeros(1))
+        if not strict:
+            self.strict_loading = False
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_resume_honours_strict_loading(tmp_path: Path, strict: bool) -> None:
+    """Lightning's ``strict_loading = False`` lets ``fit(ckpt_path=...)`` resume weights that do not cover the module."""
+    run_fit(tmp_path, 4, every_n_train_steps=4)
+    checkpoint = next(p for p in (tmp_path / "ckpts").iterdir() if p.is_dir())
+    trainer = Trainer(max_steps=6, log_with=None, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, project_dir=str(tmp_path), accumulate_grad_batches=ACCUMULATE)
+    if strict:
+        with pytest.raises(ValueError, match="missing in the checkpoint: extra"):
+            trainer.fit(_Grown(strict), make_loader(), ckpt_path=str(checkpoint))
+    else:
+        trainer.fit(_Grown(strict), make_loader(), ckpt_path=str(checkpoint))
+        assert trainer.global_step == 6

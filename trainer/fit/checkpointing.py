@@ -174,7 +174,9 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     if trainer.stage not in (None, "fit"):
         verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
         return _restore_weights(trainer, directory)
-    accelerator.load_state(str(directory))  # checks each file as it reads it; `TrainerState` restores the Trainer's part
+    module = trainer.lightning_module
+    strict = module.strict_loading if module is not None else True  # Lightning's `strict_loading` applies to resuming too
+    accelerator.load_state(str(directory), strict=strict)  # checks each file as it reads it; `TrainerState` restores the Trainer's part
     return None
 
 
