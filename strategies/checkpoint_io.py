@@ -330,7 +330,7 @@ class CheckpointWriter:
         self._write(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
 
     def save_torch(self, name: str, obj: Any) -> None:
-        def produce(out: HashingFile) -> None:
+        def produce(out: Any) -> None:  # (a HashingFile)
             with without_zip_crc():
                 torch.save(obj, out)
 
@@ -932,12 +932,20 @@ def _owner(models: list[Any], optimizer: torch.optim.Optimizer) -> Any:
 
 def sharded_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
     """The models' and optimizers' states as `torch.distributed.checkpoint` saves and loads them (this process's shards)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
 
+    if _one_pair(models, optimizers):  # (one call: torch checks the model's options once)
+        model_state, optimizer_state = get_state_dict(models[0], optimizers[0])
+        return {"model_0": model_state, "optimizer_0": optimizer_state}
     state: dict[str, Any] = {f"model_{i}": get_model_state_dict(m) for i, m in enumerate(models)}
     for i, opt in enumerate(optimizers):
         state[f"optimizer_{i}"] = get_optimizer_state_dict(_owner(models, opt), opt)
     return state
+
+
+def _one_pair(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> bool:
+    """One model and the one optimizer that steps it."""
+    return len(models) == 1 and len(optimizers) == 1 and _owner(models, optimizers[0]) is models[0]
 
 
 def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
@@ -948,8 +956,9 @@ def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[t
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict, set_state_dict
 
+    reader.prefetch(_own_shards(reader))  # checked while the states are gathered and DCP agrees on its plan
     state = sharded_state(models, optimizers)
     directory = reader.path(SHARDED_DIR)
     storage = reader.dcp_reader(SHARDED_DIR)  # checks .metadata now
@@ -962,10 +971,26 @@ def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[t
         raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
     except Exception as err:  # missing keys, mismatched shapes
         raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
+    if _one_pair(models, optimizers):
+        set_state_dict(models[0], optimizers[0], model_state_dict=state["model_0"], optim_state_dict=state["optimizer_0"],
+                       options=StateDictOptions(strict=strict))
+        return
     for i, model in enumerate(models):
         set_model_state_dict(model, state[f"model_{i}"], options=StateDictOptions(strict=strict))
     for i, opt in enumerate(optimizers):
         set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"])
+
+
+def _own_shards(reader: CheckpointReader) -> list[str]:
+    """The shard files this process wrote, when as many processes saved the checkpoint as this run has: the ones DCP
+    plans for this process to read while the layout is unchanged (the plan itself says so only later)."""
+    import torch.distributed as dist
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+    if reader.manifest.get("world_size") != world:
+        return []
+    prefix = f"{SHARDED_DIR}/__{rank}_"
+    return [name for name in reader.expected or {} if name.startswith(prefix) and name.endswith(".distcp")]
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import LoadPlan
 
 from strategies.checkpoint_hash import HashingFile, MemoryFile
 
@@ -88,7 +88,7 @@ class _CheckingFileSystem(FileSystem):
             raise ValueError(f"a checkpoint being loaded is read-only; DCP asked to open {str(path)!r} with mode {mode!r}")
         stream = self.opened.pop(Path(path), None) or self.open_checked(Path(path))
         # DCP reads each item as its own small zip (many small reads and seeks): served by a buffer in C
-        yield io.BufferedReader(stream, buffer_size=_BUFFER)  # type: ignore[arg-type]
+        yield io.BufferedReader(stream, buffer_size=_BUFFER)
 
 
 class CheckingReader(FileSystemReader):

@@ -38,8 +38,8 @@ from strategies import checkpoint_io
 from strategies import checkpoint_store as store
 from strategies.abilities import Engine
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
-from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_hash import MemoryFile
+from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import DeepSpeedPrecision, normalize_precision
@@ -424,18 +424,29 @@ class DeepSpeedStrategy(Strategy, Engine):
 
         inner = self.unwrap_module(module)
         by_name = dict(inner.named_parameters(remove_duplicate=False))
+        masters = self._masters and not self._params_are_masters()
         state: dict[str, torch.Tensor] = {}
         for name, value in inner.state_dict(keep_vars=True).items():
             param = by_name.get(name)
             if param is None:
                 state[name] = value.detach().cpu()
                 continue
-            full = safe_get_full_fp32_param(param) if self._masters else None
+            full = safe_get_full_fp32_param(param) if masters else None
             if full is None:
                 with self._gathered([param]):
                     full = param.detach().clone()
             state[name] = full.detach().cpu()
         return state
+
+    def _params_are_masters(self) -> bool:
+        """Whether the module's parameters are the float32 master weights themselves, whole on every process: ZeRO 0-2
+        in float32 without offload, where the engine copies each step's result back into them. Reading them then
+        needs no collective per parameter."""
+        engine, zero = self.engine, self.config.get("zero_optimization", {})
+        offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+        offloaded = isinstance(offload, dict) and offload.get("device", "none") not in (None, "none")
+        return (engine is not None and self.zero_stage < 3 and not offloaded
+                and not engine.bfloat16_enabled() and not engine.fp16_enabled())
 
     def _gathered(self, params: list[nn.Parameter], modifier_rank: int | None = None) -> AbstractContextManager[Any]:
         if self.zero_stage != 3:
@@ -513,7 +524,11 @@ class DeepSpeedStrategy(Strategy, Engine):
             return
         engine = self.engine
         engine_files = [name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")]
-        reader.prefetch([name for name in engine_files if _reads(name, self.rank)])  # checked while the engine starts
+        # the files that no engine reads, checked by the process that saved them (no second agreement at the end): the
+        # engine's recovery scripts, and the exported weights
+        unread = [name for name in _owned(engine_files, self.rank) if not _reads(name, self.rank)]
+        unread += [name for i in range(len(models)) if self.rank == 0 and (name := store.model_file(i)) in (reader.expected or {})]
+        reader.prefetch([name for name in engine_files if _reads(name, self.rank)] + unread)  # checked while the engine loads
         with _through(engine, reader=reader if reader.hashes else None):
             loaded, _ = engine.load_checkpoint(
                 str(path / store.DEEPSPEED_DIR),
@@ -524,8 +539,8 @@ class DeepSpeedStrategy(Strategy, Engine):
             )
         if loaded is None:
             raise checkpoint_io.CheckpointError(f"DeepSpeed found no engine checkpoint in {str(path / store.DEEPSPEED_DIR)!r}")
-        if reader.hashes:  # the engine's files it did not read (its recovery scripts): checked by the process that saved them
-            for name in _owned(engine_files, self.rank):
+        if reader.hashes:
+            for name in _owned(engine_files, self.rank) + unread:
                 if name not in reader.checked:
                     reader.read(name)
 
@@ -572,7 +587,7 @@ class _ThroughCheckpointIO:
         name = _inside(path, self._reader.directory) if self._reader is not None else None
         if name is None:
             return self._inner.load(path, map_location=map_location)
-        data = MemoryFile(self._reader.read(name))  # type: ignore[union-attr]
+        data: Any = MemoryFile(self._reader.read(name))  # type: ignore[union-attr]
         return torch.load(data, map_location=map_location, weights_only=False)  # DeepSpeed's own files: its pickles
 
     def __getattr__(self, name: str) -> Any:
@@ -591,7 +606,7 @@ def _inside(path: str, folder: Path) -> str | None:
 def _through(engine: Any, *, writer: checkpoint_io.CheckpointWriter | None = None, reader: checkpoint_io.CheckpointReader | None = None) -> Iterator[None]:
     """Route the engine's checkpoint files through `writer` / `reader` (`_ThroughCheckpointIO`) inside the block."""
     own = engine.checkpoint_engine
-    if writer is None and reader is None or own is None:
+    if (writer is None and reader is None) or own is None:
         yield
         return
     engine.checkpoint_engine = _ThroughCheckpointIO(own, writer, reader)

@@ -33,11 +33,11 @@ from strategies.base import Strategy, best_device, materialize_if_empty, repoint
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
-from strategies.mesh import ParallelDims
-from strategies.tensor_parallel import apply_tensor_parallel
 from strategies.materialize import allocate_empty, full_state, has_meta_tensors, scatter_from_rank0, to_meta
+from strategies.mesh import ParallelDims
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
+from strategies.tensor_parallel import apply_tensor_parallel
 
 NO_SPLIT_MODULES = "<the model's _no_split_modules>"  # in wrap_classes: the block classes a Hugging Face model names
 

@@ -48,12 +48,12 @@ def model_plan(model: nn.Module) -> dict[str, Any]:
     plan: dict[str, Any] = {}
     taken: list[str] = []
     for name, sub in model.named_modules():
-        config = getattr(sub, "config", None)
-        if getattr(config, "base_model_tp_plan", None) is None or any(name.startswith(f"{t}.") or not t for t in taken):
+        own_base = getattr(getattr(sub, "config", None), "base_model_tp_plan", None)
+        if own_base is None or any(name.startswith(f"{t}.") or not t for t in taken):
             continue  # not a transformers model, or inside one already read
         taken.append(name)
         where = f"{name}." if name else ""
-        base = dict(config.base_model_tp_plan or {})
+        base = dict(own_base)
         prefix = getattr(sub, "base_model_prefix", "")
         if prefix and hasattr(sub, prefix) and getattr(sub, prefix) is not sub:
             base = {f"{prefix}.{key}": value for key, value in base.items()}

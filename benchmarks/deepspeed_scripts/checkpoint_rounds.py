@@ -29,7 +29,8 @@ def _flush(folder: str) -> None:
     rank = dist.get_rank()
     for root, _dirs, files in os.walk(folder):
         for name in files:
-            if "pp_rank_" in name and f"pp_rank_{rank}_" not in name or "pp_rank_" not in name and rank != 0:
+            mine = f"pp_rank_{rank}_" in name if "pp_rank_" in name else rank == 0  # (as ours: each its own)
+            if not mine:
                 continue
             with open(os.path.join(root, name), "rb") as handle:
                 os.fsync(handle.fileno())

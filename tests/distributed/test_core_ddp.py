@@ -22,6 +22,7 @@ def _collectives(acc):
     out["gather_unequal"] = acc.gather(torch.arange(rank + 2))  # rank0: 2 items, rank1: 3 items
     out["gather_scalar"] = acc.gather(torch.tensor(float(rank)))
     out["gather_object"] = acc.gather_object([f"r{rank}"] * (rank + 1))
+    out["gather_object_large"] = acc.gather_object({"rank": rank, "blob": "x" * (9000 * rank)})  # one over 4 KB: two rounds
     out["pad"] = acc.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_index=-1)
     out["pad_first"] = acc.pad_across_processes(torch.ones(2, rank + 1), dim=1, pad_index=-1, pad_first=True)
     out["reduce"] = {r: acc.reduce(torch.tensor([rank + 1.0]), r).item() for r in ("sum", "mean", "max", "min")}
@@ -173,6 +174,7 @@ def test_collectives(results):
         assert c["gather_unequal"].tolist() == [0, 1, 0, 1, 2]
         assert c["gather_scalar"].tolist() == [0.0, 1.0]
         assert c["gather_object"] == ["r0", "r1", "r1"]
+        assert c["gather_object_large"] == [{"rank": 0, "blob": ""}, {"rank": 1, "blob": "x" * 9000}]
         assert c["reduce"] == {"sum": 3.0, "mean": 1.5, "max": 2.0, "min": 1.0}
         assert c["broadcast"] == 6 and c["broadcast_object"] == {"from": 0}
         assert "pad_across_processes" in c["mismatch"]

@@ -172,12 +172,12 @@ def test_trainer_deepspeed_matches_single_process_with_accumulation_and_clipping
     assert out[0]["val_loss"] == out[1]["val_loss"] == pytest.approx(expected, abs=1e-5)
 
 
-def _save_resume_export(root: str, stage: int, load: bool):
+def _save_resume_export(root: str, stage: int, load: bool, export_weights: bool = True):
     """3 steps (or a load of them), save_state, 3 more steps; export the weights with save_model."""
     from strategies import DeepSpeedStrategy
     from trainer import Accelerator
 
-    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=stage))
+    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=stage, export_weights=export_weights))
     x, y = _data()
     torch.manual_seed(5 if load else 0)  # a resumed run starts from other weights, which load_state replaces
     model = Net()
@@ -242,6 +242,35 @@ def test_deepspeed_save_state_resumes_bitwise_and_exports_plain_weights(stage: i
     plain = Net()
     plain.load_state_dict(load_file(str(tmp_path / "export1" / "model.safetensors")))  # a plain model loads the export
     assert _max_diff(plain.state_dict(), resumed[0]) == 0.0
+
+
+def _weights_alone_error(root: str) -> str:
+    from strategies.checkpoint_io import load_weights
+
+    try:
+        load_weights(Path(root) / "state", Net())
+    except FileNotFoundError as err:
+        return str(err)
+    return "loaded"
+
+
+def test_deepspeed_checkpoint_without_exported_weights_hashes_the_engine_files_as_written_and_resumes(tmp_path: Path) -> None:
+    import xxhash
+
+    from strategies.checkpoint_io import read_manifest
+
+    straight = run_distributed(_save_resume_export, str(tmp_path), 2, False, False)
+    state = tmp_path / "state"
+    files = read_manifest(state)["files"]
+    assert "model.safetensors" not in files and not (state / "model.safetensors").exists()
+    engine = {name for name in files if name.startswith("deepspeed/")}
+    assert {f"deepspeed/state/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)} <= engine
+    assert "deepspeed/zero_to_fp32.py" in engine  # (copied by the engine itself: read back once to hash it)
+    for name in engine:  # the digests of the bytes on disk, each computed while the engine wrote the file
+        assert files[name]["digest"] == xxhash.xxh3_128((state / name).read_bytes()).hexdigest(), name
+    resumed = run_distributed(_save_resume_export, str(tmp_path), 2, True, False)
+    assert [k for k in straight[0] if not torch.equal(straight[0][k], resumed[0][k])] == []
+    assert "export_weights=False" in _weights_alone_error(str(tmp_path))
 
 
 def _bad_use(case: str):

@@ -27,6 +27,19 @@ LayerSync = not_offered("LayerSync", "lightning.pytorch.plugins", _SYNC_BATCHNOR
 TorchSyncBatchNorm = not_offered("TorchSyncBatchNorm", "lightning.pytorch.plugins", _SYNC_BATCHNORM, module=__name__)
 
 __all__ = [
-    "AsyncCheckpointIO", "BitsandbytesPrecision", "CheckpointIO", "TorchCheckpointIO", "XLACheckpointIO", "DeepSpeedPrecision", "DoublePrecision", "FSDPPrecision", "HalfPrecision", "LayerSync",
-    "MixedPrecision", "Precision", "TorchSyncBatchNorm", "TransformerEnginePrecision", "XLAPrecision",
+    "AsyncCheckpointIO",
+    "BitsandbytesPrecision",
+    "CheckpointIO",
+    "DeepSpeedPrecision",
+    "DoublePrecision",
+    "FSDPPrecision",
+    "HalfPrecision",
+    "LayerSync",
+    "MixedPrecision",
+    "Precision",
+    "TorchCheckpointIO",
+    "TorchSyncBatchNorm",
+    "TransformerEnginePrecision",
+    "XLACheckpointIO",
+    "XLAPrecision",
 ]
