@@ -289,13 +289,16 @@ class CheckpointStore:
             except BaseException as err:
                 errors.append(f"process 0 committing: {type(err).__name__}: {err}")
         errors = _broadcast(errors, world, group)
-        with _LOCK:
-            pending._error = "; ".join(errors) if errors else None
-            after, self._after = self._after, []
-            pending._finished.set()
-        if rank == 0 and not errors:
-            for action in after:
-                action()
+        pending._error = "; ".join(errors) if errors else None
+        while True:  # the queued bookkeeping runs here, in order, before the save counts as done
+            with _LOCK:
+                after, self._after = self._after, []
+                if not after:
+                    pending._finished.set()
+                    return
+            if rank == 0 and not errors:
+                for action in after:
+                    action()
 
     def _same_directory(self, writer: io.CheckpointWriter) -> None:
         """Every process waits here until process 0 cleared the staging, and all refuse a checkpoint directory that
