@@ -328,14 +328,7 @@ class Strategy:
         optimizer_states = [opt.state_dict() for opt in optimizers]
         if staging is not None:
             states, optimizer_states = staging.copy("models", states), staging.copy("optimizers", optimizer_states)
-
-        def write(writer: checkpoint_io.CheckpointWriter) -> None:
-            for i, state in enumerate(states):
-                writer.save_safetensors(store.model_file(i), state)
-            for i, state in enumerate(optimizer_states):
-                writer.save_torch(store.optimizer_file(i), state)
-
-        return write
+        return full_states_writer(states, optimizer_states)
 
     def load_checkpoint(
         self, reader: checkpoint_io.CheckpointReader | os.PathLike[str] | str, models: list[nn.Module],
@@ -386,6 +379,24 @@ def _init_context(strategy: Strategy, device: torch.device) -> Iterator[None]:
 
 def _write_nothing(writer: checkpoint_io.CheckpointWriter) -> None:
     """What a process without files of its own in a checkpoint writes."""
+
+
+def write_nothing() -> Write:
+    """The write function of a process without files of its own in a checkpoint."""
+    return _write_nothing
+
+
+def full_states_writer(states: list[dict[str, torch.Tensor]], optimizer_states: list[Any]) -> Write:
+    """The write function of full (unsharded) states: ``model.safetensors``, ``optimizer.bin``, ... of each model and
+    optimizer, in order."""
+
+    def write(writer: checkpoint_io.CheckpointWriter) -> None:
+        for i, state in enumerate(states):
+            writer.save_safetensors(store.model_file(i), state)
+        for i, state in enumerate(optimizer_states):
+            writer.save_torch(store.optimizer_file(i), state)
+
+    return write
 
 
 def materialize_if_empty(strategy: Strategy, module: nn.Module, device: torch.device | None = None) -> None:

@@ -27,9 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies import checkpoint_io
-from strategies import checkpoint_store as store
-from strategies.base import Strategy, materialize_if_empty
+from strategies.base import Strategy, full_states_writer, materialize_if_empty, write_nothing
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.collectives import apply_to_tensors
@@ -248,16 +246,9 @@ class XLAStrategy(Strategy):
             self._mark_step()
         states = [self.module_state_dict(m) for m in models]
         if self.rank != 0:
-            return lambda writer: None
+            return write_nothing()
         optimizer_states = [apply_to_tensors(_to_host, opt.state_dict()) for opt in optimizers]  # (Adam's step counts live on the CPU)
-
-        def write(writer: checkpoint_io.CheckpointWriter) -> None:
-            for i, state in enumerate(states):
-                writer.save_safetensors(store.model_file(i), state)
-            for i, state in enumerate(optimizer_states):
-                writer.save_torch(store.optimizer_file(i), state)
-
-        return write
+        return full_states_writer(states, optimizer_states)
 
     def teardown(self) -> None:
         self._optimizers.clear()
