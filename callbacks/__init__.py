@@ -23,6 +23,15 @@ _EXPORTS = {
     "LambdaCallback": "callbacks.lambda_function",
     "WeightAveraging": "callbacks.weight_averaging",
     "EMAWeightAveraging": "callbacks.weight_averaging",
+    "StochasticWeightAveraging": "callbacks.stochastic_weight_avg",
+    "BaseFinetuning": "callbacks.finetuning",
+    "BackboneFinetuning": "callbacks.finetuning",
+    "BasePredictionWriter": "callbacks.prediction_writer",
+    "DeviceStatsMonitor": "callbacks.device_stats_monitor",
+    "RichProgressBar": "callbacks.rich_progress",
+    "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
+    "LearningRateFinder": "callbacks.lr_finder",
+    "BatchSizeFinder": "callbacks.batch_size_finder",
 }
 
 __all__ = ["Callback", *sorted(_EXPORTS)]

@@ -3,16 +3,18 @@
 Every checkpoint is a complete directory written atomically by the trainer (``trainer.save_checkpoint``, through the
 checkpoint store, `strategies.checkpoint_store`, which alone knows the layout on disk). The callback decides *when* to save (every n optimizer steps, every n epochs, after validation), *which*
 checkpoints to keep (the top ``save_top_k`` by a monitored metric, or the newest ones without a monitor),
-and with ``save_last`` writes a ``last-...`` checkpoint of the newest state each time and keeps
-``<dirpath>/last.json`` naming it (what ``<dirpath>/last.ckpt`` resolves to). ``fit(ckpt_path="last")`` finds the
-newest checkpoint either way.
+and with ``save_last`` writes a ``last-...`` checkpoint of the newest state each time; the store keeps
+``<dirpath>/last.json`` and the link ``<dirpath>/last.ckpt`` naming it, so a script that opens ``last.ckpt`` finds it.
+``fit(ckpt_path="last")`` finds the newest checkpoint either way.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,18 +41,28 @@ class ModelCheckpoint(Callback):
         mode: ``"min"`` or ``"max"``: whether a lower or higher `monitor` is better.
         save_top_k: how many checkpoints to keep; ``-1`` keeps all, ``0`` keeps none (only ``last``).
         save_last: ``True`` also writes a checkpoint of the newest state whenever one is due (``last-<name>``, its
-            own write, as Lightning's ``last.ckpt`` is), names it in ``last.json`` and in `last_model_path`, and
-            removes the previous one. ``"link"`` (Lightning's symlink) names the top-k checkpoint just written
+            own write, as Lightning's ``last.ckpt`` is), names it in ``last.json``, the link ``<dirpath>/last.ckpt``
+            and `last_model_path`, and removes the previous one. ``"link"`` (Lightning's symlink) names the top-k checkpoint just written
             instead of writing a copy (a separate ``last-<name>`` when none was). ``None``/``False``: no ``last``.
+        save_on_exception: when ``fit`` raises, save a checkpoint of the state it stopped in (and ``last`` with
+            `save_last`), unless one was saved at this step already; then the error goes on. One process only: with
+            several, the others may not be where a collective save needs them, so it is skipped with a warning.
         every_n_train_steps: save every n optimizer steps (at the end of the batch that made the step).
-        every_n_epochs: save every n epochs; default 1 when `every_n_train_steps` is not given, else off.
+        train_time_interval: save every so much training time (a ``timedelta``), at the end of a batch. The processes
+            agree on it the way the loop agrees on stopping (`trainer.fit.agreement`): any process's clock makes a save
+            due, and every process saves at the same batch, the batch after the agreement (with one process, the batch
+            where the time ran out, as Lightning), with no collective of its own.
+        every_n_epochs: save every n epochs; default 1 when neither `every_n_train_steps` nor `train_time_interval`
+            is given, else off. The three are mutually exclusive (as in Lightning).
         save_on_train_epoch_end: save at the end of the training epoch (True) or after validation (False);
             default: after validation when it runs other than once per epoch, else at epoch end.
         auto_insert_metric_name: write ``name=value`` for each template field.
         verbose: print each checkpoint written (global rank 0).
-        save_weights_only: Lightning's; only False is accepted (a checkpoint always holds the full state).
-        train_time_interval: Lightning's; only None is accepted (save by steps or epochs).
-        enable_version_counter: Lightning's; only True is accepted (a taken name always gets a ``-v1`` suffix).
+        save_weights_only: write the model weights and hyperparameters alone (``load_from_checkpoint`` and
+            ``validate/test/predict(ckpt_path=...)`` load them; ``fit(ckpt_path=...)`` refuses them, as Lightning does,
+            and ``ckpt_path="last"`` passes over them to the newest full checkpoint).
+        enable_version_counter: True: a name already taken gets a ``-v1``, ``-v2`` ... suffix. False: the new checkpoint
+            replaces the one of the same name, once it is complete (the old one stays until then).
         async_save: write each checkpoint in the background: training goes on once the state is copied out of the
             training tensors, and the checkpoint counts (``last.json``, best/last paths on disk, older ones removed)
             only once every process's write finished. None: the trainer's default (True with
@@ -73,6 +85,7 @@ class ModelCheckpoint(Callback):
         verbose: bool = False,
         save_last: bool | str | None = None,
         save_top_k: int = 1,
+        save_on_exception: bool = False,
         save_weights_only: bool = False,
         mode: str = "min",
         auto_insert_metric_name: bool = True,
@@ -83,24 +96,27 @@ class ModelCheckpoint(Callback):
         enable_version_counter: bool = True,
         async_save: bool | None = None,
     ) -> None:
-        if save_weights_only:
-            raise NotImplementedError(
-                "ModelCheckpoint(save_weights_only=True) is not supported: a checkpoint here always holds the full state, so "
-                "fit(ckpt_path=...) can resume from it; the weights alone load with TrainModule.load_from_checkpoint or from "
-                "its model.safetensors. Leave save_weights_only out"
+        for name, flag in (("verbose", verbose), ("save_weights_only", save_weights_only), ("save_on_exception", save_on_exception),
+                           ("enable_version_counter", enable_version_counter)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"ModelCheckpoint({name}={flag!r}) must be True or False")
+        if train_time_interval is not None and not isinstance(train_time_interval, timedelta):
+            raise TypeError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must be a datetime.timedelta, "
+                            "e.g. timedelta(minutes=30), or None")
+        if train_time_interval is not None and train_time_interval.total_seconds() < 0:
+            raise ValueError(f"ModelCheckpoint(train_time_interval={train_time_interval!r}) must not be negative")
+        triggers = [(n, v) for n, v in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)) if v]
+        if train_time_interval is not None and triggers:
+            raise ValueError(
+                f"ModelCheckpoint(train_time_interval={train_time_interval!r}, {triggers[0][0]}={triggers[0][1]!r}): the save "
+                "triggers every_n_train_steps, every_n_epochs and train_time_interval are mutually exclusive (as in "
+                "Lightning); pick one, or use two ModelCheckpoint callbacks"
             )
-        if train_time_interval is not None:
-            raise NotImplementedError(
-                f"ModelCheckpoint(train_time_interval={train_time_interval!r}) is not supported; save by steps or epochs "
-                "(every_n_train_steps=..., every_n_epochs=...)"
-            )
-        if enable_version_counter is not True:
-            raise NotImplementedError(
-                "ModelCheckpoint(enable_version_counter=False) is not supported: a name already taken always gets a '-v1' "
-                "suffix, so no checkpoint is overwritten. Leave enable_version_counter out"
-            )
-        if not isinstance(verbose, bool):
-            raise TypeError(f"ModelCheckpoint(verbose={verbose!r}) must be True or False")
+        self.save_weights_only = save_weights_only
+        self.save_on_exception = save_on_exception
+        self.train_time_interval = train_time_interval
+        self.enable_version_counter = enable_version_counter
+        self._last_time_checked: float | None = None
         if async_save is not None and not isinstance(async_save, bool):
             raise TypeError(f"ModelCheckpoint(async_save={async_save!r}) must be True, False or None (the trainer's default)")
         self.async_save = async_save
@@ -124,7 +140,8 @@ class ModelCheckpoint(Callback):
         self.save_top_k = save_top_k
         self.save_last = save_last
         self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        timed = train_time_interval is not None
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps or timed else 1)
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.auto_insert_metric_name = auto_insert_metric_name
         self.best_k_models: dict[str, float] = {}
@@ -168,17 +185,72 @@ class ModelCheckpoint(Callback):
     # ----------------------------------------------------------------------------------- hooks
     def setup(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         self.dirpath = self.resolve_dirpath(trainer)
+        if self.train_time_interval is not None and stage == "fit":
+            trainer.agreement.register(self._time_key)
+
+    @property
+    def _time_key(self) -> str:
+        return f"save-after-time:{self.state_key}"
 
     def idle_batch_hooks(self, trainer: TrainerView) -> frozenset[str]:
         # saving by epoch only, this class's per-batch hook returns at once (a subclass's own hook is its business)
         own = not overrides(self, "on_train_batch_end", ModelCheckpoint)
-        return frozenset({"on_train_batch_end"}) if own and self.every_n_train_steps < 1 else frozenset()
+        idle = self.every_n_train_steps < 1 and self.train_time_interval is None
+        return frozenset({"on_train_batch_end"}) if own and idle else frozenset()
+
+    def on_train_start(self, trainer: TrainerView, module: TrainModule) -> None:
+        self._last_time_checked = time.monotonic()
 
     def on_train_batch_end(self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         n = self.every_n_train_steps
-        if n < 1 or trainer.global_step == 0 or trainer.global_step % n != 0 or not self._may_save(trainer):
+        due_steps = n >= 1 and trainer.global_step != 0 and trainer.global_step % n == 0
+        due_time = self.train_time_interval is not None and self._time_due(trainer)
+        if (due_steps or due_time) and self._may_save(trainer):
+            self.save(trainer, monitor_required=False)
+
+    def _time_due(self, trainer: TrainerView) -> bool:
+        """Whether `train_time_interval` ran out: any process's clock asks, every process learns it at the same batch."""
+        assert self.train_time_interval is not None
+        now = time.monotonic()
+        if self._last_time_checked is None:
+            self._last_time_checked = now
+        if now - self._last_time_checked >= self.train_time_interval.total_seconds():
+            trainer.agreement.request(self._time_key)
+        if not trainer.agreement.take(self._time_key):
+            return False
+        self._last_time_checked = now
+        return True
+
+    def on_exception(self, trainer: TrainerView, module: TrainModule, exception: BaseException) -> None:
+        """`save_on_exception`: save the state `fit` stopped in (Lightning 2.6), keeping the error the one raised."""
+        if not self.save_on_exception or not self._may_save(trainer):
             return
-        self.save(trainer, monitor_required=False)
+        if trainer.world_size > 1:
+            warnings.warn(
+                f"ModelCheckpoint(save_on_exception=True) did not save after {type(exception).__name__}: with "
+                f"{trainer.world_size} processes a save is collective, and the others may not be where it needs them (they "
+                "could wait forever). Preemption signals are answered by a checkpoint anyway (docs/checkpoints.md)",
+                stacklevel=2,
+            )
+            return
+        self.dirpath = self.resolve_dirpath(trainer)
+        name = self.format_checkpoint_name(self._metrics(trainer))
+        path = str(self._unique_path(name))
+        plan: dict[str, Any] = {"topk": "", "last": "", "score": None, "remove": []}
+        if self.save_last:
+            plan["last"] = path if self.save_last == "link" else str(self._unique_path(f"{self.CHECKPOINT_NAME_LAST}-{name}"))
+            previous = self.last_model_path
+            if previous and previous != plan["last"] and previous not in self.best_k_models:
+                plan["remove"].append(previous)
+        self._apply_plan(plan, trainer.global_step)
+        try:
+            for target in dict.fromkeys(p for p in (path, plan["last"]) if p):
+                trainer.save_checkpoint(target, self.save_weights_only, async_save=False)
+            trainer.checkpoints.after_commit(lambda: self._after_commit(plan))
+        except Exception as err:  # the error that stopped fit stays the one raised
+            warnings.warn(f"ModelCheckpoint(save_on_exception=True) could not save {path!r}: {type(err).__name__}: {err}", stacklevel=2)
+            return
+        print(f"{type(exception).__name__} was raised with message: {exception}; saved checkpoint to {path}", flush=True)
 
     def on_train_epoch_end(self, trainer: TrainerView, module: TrainModule) -> None:
         if self._may_save(trainer) and self._epoch_due(trainer) and self._saves_on_train_epoch_end(trainer):
@@ -216,7 +288,7 @@ class ModelCheckpoint(Callback):
             plan = trainer.strategy.broadcast_object(plan, src=0)
         self._apply_plan(plan, trainer.global_step)
         for path in dict.fromkeys(p for p in (plan["topk"], plan["last"]) if p):
-            trainer.save_checkpoint(path, async_save=self.async_save)
+            trainer.save_checkpoint(path, self.save_weights_only, async_save=self.async_save)
             if self.verbose and trainer.is_global_zero:
                 about = f"{self.monitor!r} = {score:.5g}, " if score is not None and self.monitor else ""
                 print(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: {about}saved {path}", flush=True)
@@ -305,8 +377,18 @@ class ModelCheckpoint(Callback):
             score = math.inf if self.mode == "min" else -math.inf
         return score
 
-    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None) -> str:
-        """Fill the filename template with `metrics` (missing fields become 0, with a warning)."""
+    def format_checkpoint_name(
+        self, metrics: dict[str, Any], filename: str | None = None, ver: int | None = None, prefix: str | None = None,
+    ) -> str:
+        """Fill the filename template with `metrics` (missing fields become 0, with a warning); Lightning's `prefix` goes
+        before it and `ver` after it (``prefix-name-v2``). The name of a checkpoint directory in `dirpath`, without
+        Lightning's ``.ckpt``."""
+        name = self._fill_template(metrics, filename)
+        if prefix:
+            name = f"{prefix}-{name}"
+        return f"{name}-v{ver}" if ver is not None else name
+
+    def _fill_template(self, metrics: dict[str, Any], filename: str | None) -> str:
         template = filename or self.filename or "{epoch}-{step}"
         values = dict(metrics)
         groups = sorted(set(re.findall(r"(\{.*?)[:\}]", template)), key=len, reverse=True)
@@ -318,12 +400,14 @@ class ModelCheckpoint(Callback):
             if name not in values:
                 if name not in self._warned_missing:
                     self._warned_missing.add(name)
-                    warnings.warn(f"ModelCheckpoint filename field {name!r} is not a logged metric; it is written as 0", stacklevel=3)
+                    warnings.warn(f"ModelCheckpoint filename field {name!r} is not a logged metric; it is written as 0", stacklevel=4)
                 values[name] = 0
         return template.format(values).replace("/", "_")
 
     def _unique_path(self, name: str) -> Path:
         assert self.dirpath is not None
+        if not self.enable_version_counter:
+            return self.dirpath / name  # replaced once the new one is complete (the store's atomic replace)
         path, version = self.dirpath / name, 0
         while path.exists() or str(path) in self.best_k_models or str(path) == self.last_model_path:
             version += 1

@@ -40,6 +40,7 @@ class LearningRateMonitor(Callback):
             ``"epoch"`` at the start of every epoch, ``None`` follows each optimizer's scheduler interval
             (optimizers without a scheduler are logged per step).
         log_momentum: also log momentum.
+        log_weight_decay: also log each group's ``weight_decay`` as ``<lr name>-weight_decay`` (Lightning's).
 
     Raises:
         ValueError: ``logging_interval`` is not ``None``, ``"step"`` or ``"epoch"``.
@@ -49,7 +50,7 @@ class LearningRateMonitor(Callback):
         trainer = Trainer(max_epochs=5, callbacks=[LearningRateMonitor(logging_interval="step")])
     """
 
-    def __init__(self, logging_interval: str | None = None, log_momentum: bool = False) -> None:
+    def __init__(self, logging_interval: str | None = None, log_momentum: bool = False, log_weight_decay: bool = False) -> None:
         if logging_interval not in _INTERVALS:
             raise ValueError(
                 f"LearningRateMonitor(logging_interval={logging_interval!r}) is invalid; "
@@ -57,6 +58,7 @@ class LearningRateMonitor(Callback):
             )
         self.logging_interval = logging_interval
         self.log_momentum = bool(log_momentum)
+        self.log_weight_decay = bool(log_weight_decay)
         self.names: list[list[str]] = []
         self._intervals: list[str] = []
         self._last_step_logged: int | None = None
@@ -119,6 +121,8 @@ class LearningRateMonitor(Callback):
                 momentum = _momentum(group) if self.log_momentum else None
                 if momentum is not None:
                     values[f"{stem}-momentum"] = momentum
+                if self.log_weight_decay and "weight_decay" in group:
+                    values[f"{stem}-weight_decay"] = float(group["weight_decay"])
         return values
 
     def on_train_batch_start(self, trainer: TrainerView, module: TrainModule, batch: Any, batch_idx: int) -> None:

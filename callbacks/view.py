@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from strategies.base import Strategy
     from strategies.checkpoint_store import CheckpointStore
     from trainer.accelerator.accelerator import Accelerator
+    from trainer.fit.agreement import LoopAgreement
     from trainer.fit.module import LRSchedulerConfig, ManualOptimizer, TrainModule
 
 
@@ -122,6 +123,10 @@ class TrainerView(Protocol):
     def estimated_stepping_batches(self) -> int | float: ...
 
     @property
+    def train_dataloader(self) -> Any:
+        """The prepared training loader of the running ``fit`` (None outside one)."""
+
+    @property
     def num_training_batches(self) -> int | float:
         """Training batches per epoch on this process, after limits (``inf`` for a stream)."""
 
@@ -201,6 +206,12 @@ class TrainerView(Protocol):
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the global main process only."""
 
+    def run_tuner(self, finder: Any, module: Any) -> Any:
+        """Run a `LearningRateFinder`'s or `BatchSizeFinder`'s search now (from its hook); returns what it found."""
+
+    accumulate_grad_batches: int
+    """Batches per optimizer step; `GradientAccumulationScheduler` sets it at each epoch's start."""
+
     # ------------------------------------------------------------------ the run's objects and files
     @property
     def lightning_module(self) -> TrainModule | None: ...
@@ -224,8 +235,14 @@ class TrainerView(Protocol):
     def checkpoints(self) -> CheckpointStore:
         """The run's checkpoint store: `after_commit` queues bookkeeping behind the save in flight."""
 
-    def save_checkpoint(self, dirpath: str | os.PathLike[str], *, async_save: bool | None = None) -> Any:
+    def save_checkpoint(
+        self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: Any = None, *, async_save: bool | None = None,
+    ) -> Any:
         """Write a complete checkpoint directory (every process must call it); `async_save` None: the trainer's default."""
+
+    @property
+    def agreement(self) -> LoopAgreement:
+        """Decisions the processes agree on at scheduled batches, without a collective per batch (`trainer.fit.agreement`)."""
 
     # ------------------------------------------------------------------ what `TrainModule` calls
     def log_value(

@@ -84,13 +84,7 @@ class WeightAveraging(Callback):
     def setup(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         if stage != "fit":
             return
-        strategy = trainer.strategy
-        if getattr(strategy, "sharded", False) or isinstance(strategy, Engine):
-            raise NotImplementedError(
-                f"{type(self).__name__} does not support strategy {type(strategy).__name__}: it shards or owns the parameters, "
-                "so each process holds only part of them and an averaged copy would need the same sharding; use DDP or a "
-                "single device, or keep the average yourself with torch.optim.swa_utils.AveragedModel on the gathered weights"
-            )
+        refuse_sharded(self, trainer.strategy)
         parts = trainer.accelerator.checkpoint_parts
         if any(part.file == AVERAGED_MODEL_FILE and part is not self._part for part in parts):
             raise ValueError(f"{type(self).__name__}: a Trainer takes one weight-averaging callback; remove the others")
@@ -205,6 +199,16 @@ class EMAWeightAveraging(WeightAveraging):
             if started and self.update_every_n_steps > 0 and step_idx % self.update_every_n_steps == 0:
                 return True
         return epoch_idx is not None and self.update_starting_at_epoch is not None and epoch_idx >= self.update_starting_at_epoch
+
+
+def refuse_sharded(callback: Callback, strategy: Any) -> None:
+    """Raise NotImplementedError under a strategy that shards the parameters (FSDP) or owns them (DeepSpeed)."""
+    if getattr(strategy, "sharded", False) or isinstance(strategy, Engine):
+        raise NotImplementedError(
+            f"{type(callback).__name__} does not support strategy {type(strategy).__name__}: it shards or owns the parameters, "
+            "so each process holds only part of them and an averaged copy would need the same sharding; use DDP or a "
+            "single device, or keep the average yourself with torch.optim.swa_utils.AveragedModel on the gathered weights"
+        )
 
 
 class _AveragedState:

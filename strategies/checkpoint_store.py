@@ -2,7 +2,9 @@
 
 It alone knows the layout: the names of the files inside a checkpoint directory, where a save goes by default
 (``<project_dir>/checkpoints``, numbered ``checkpoint_<n>`` directories for Accelerate's automatic naming), which
-checkpoint is the newest or ``last`` (``last.json``), and what is removed when (``total_limit``, ``save_top_k``).
+checkpoint is the newest or ``last`` (``last.json``, and the ``last.ckpt`` link Lightning scripts open), which kind a
+checkpoint is (full, or the weights alone: ``ModelCheckpoint(save_weights_only=True)``, which no resume picks), and what
+is removed when (``total_limit``, ``save_top_k``).
 It runs every save of both faces (`CheckpointStore.save`): now, or in the background (``async_save=True``), at
 most one in flight.
 
@@ -29,6 +31,7 @@ import re
 import shutil
 import threading
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------------------------ the layout
 MANIFEST = io.MANIFEST_NAME
 LAST_POINTER = "last.json"
+LAST_LINK = "last.ckpt"  # a symbolic link to the checkpoint last.json names (Lightning's file name), replaced atomically
+WEIGHTS_ONLY = "weights"  # the manifest's "kind" of a checkpoint holding the model weights alone
 DEFAULT_DIRNAME = "checkpoints"
 SHARDED_DIR = io.SHARDED_DIR  # model and optimizer shards, torch.distributed.checkpoint (FSDP)
 DEEPSPEED_DIR = io.DEEPSPEED_DIR  # the DeepSpeed engine's own files
@@ -98,8 +103,36 @@ def numbered_checkpoints(folder: Path) -> list[Path]:
 
 
 def write_last_pointer(folder: Path, checkpoint: Path) -> None:
-    """Make ``<folder>/last.json`` name `checkpoint` (a directory inside `folder`), atomically."""
+    """Make ``<folder>/last.json`` and the link ``<folder>/last.ckpt`` name `checkpoint` (a directory inside `folder`),
+    each atomically: a reader sees the previous checkpoint or the new one, never none."""
     io.write_json_durably(Path(folder) / LAST_POINTER, {"format": io.FORMAT_NAME, "last": Path(checkpoint).name})
+    link_last(Path(folder), Path(checkpoint).name)
+
+
+def link_last(folder: Path, name: str) -> None:
+    """Point the symbolic link ``<folder>/last.ckpt`` at ``name`` (relative, so the folder can move), replacing the
+    old link in one rename. A ``last.ckpt`` that is not a link (a user's file or directory) is left alone, with a
+    warning, as is a filesystem without symbolic links (``last.json`` and ``ckpt_path="last"`` still work)."""
+    link = folder / LAST_LINK
+    if link.exists() and not link.is_symlink():
+        warnings.warn(f"{str(link)!r} exists and is not a link this store made; it is left alone, so it does not name the "
+                      f"newest checkpoint {name!r} (last.json does): remove it to get the link", stacklevel=3)
+        return
+    tmp = folder / f".{LAST_LINK}.{os.getpid()}.tmp"
+    try:
+        tmp.unlink(missing_ok=True)
+        os.symlink(name, tmp, target_is_directory=True)
+        os.replace(tmp, link)
+        io.fsync_dir(folder)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        warnings.warn(f"could not link {str(link)!r} to the newest checkpoint {name!r} ({err}); open it through last.json "
+                      "or ckpt_path='last' instead", stacklevel=3)
+
+
+def is_last_link(path: Path) -> bool:
+    """True for ``<folder>/last.ckpt`` when it is the link `link_last` keeps."""
+    return path.name == LAST_LINK and path.is_symlink()
 
 
 def read_last_pointer(folder: str | os.PathLike[str]) -> Path | None:
@@ -116,33 +149,69 @@ def read_last_pointer(folder: str | os.PathLike[str]) -> Path | None:
     return candidate if io.is_complete(candidate) else None
 
 
+def is_weights_only(manifest: dict[str, Any]) -> bool:
+    """Whether a checkpoint (its manifest) holds the model weights alone (``ModelCheckpoint(save_weights_only=True)``)."""
+    return manifest.get("kind") == WEIGHTS_ONLY
+
+
+def _resumable(checkpoint: Path) -> bool:
+    return not is_weights_only(io.read_manifest(checkpoint))
+
+
+def check_resumable(path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse to resume training from a checkpoint of the weights alone (as Lightning refuses), saying what to do.
+
+    Raises:
+        ValueError: `manifest` is a weights-only checkpoint's.
+    """
+    if is_weights_only(manifest):
+        raise ValueError(
+            f"checkpoint {str(path)!r} holds the model weights only (ModelCheckpoint(save_weights_only=True)), so training "
+            "cannot resume from it: it has no optimizer, scheduler or loop state. Resume from a full checkpoint, or start a "
+            "new run from these weights: module = MyModule.load_from_checkpoint(path); trainer.fit(module) without ckpt_path"
+        )
+
+
 def _recency(checkpoint: Path) -> tuple[float, float]:
     manifest = io.read_manifest(checkpoint)
     return float(manifest.get("global_step", -1)), float(manifest.get("created", 0.0))
 
 
-def newest_in(folder: str | os.PathLike[str]) -> Path | None:
+def newest_in(folder: str | os.PathLike[str], *, resumable: bool = False) -> Path | None:
     """The newest complete checkpoint in `folder`: the one ``last.json`` names, else the highest step saved (then the
-    latest written). Staging directories of saves that did not finish are never candidates."""
+    latest written). Staging directories of saves that did not finish are never candidates, nor the ``last.ckpt`` link
+    (it names one of the others). A checkpoint whose replacement under the same name was cut short between its two
+    renames (``.<name>.old`` with no ``<name>``) is found under its hidden name. `resumable`: only checkpoints training
+    can resume from (not the weights-only ones)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
     pointed = read_last_pointer(folder)
-    if pointed is not None:
+    if pointed is not None and (not resumable or _resumable(pointed)):
         return pointed
-    complete = [child for child in folder.iterdir() if not child.name.startswith(".") and child.is_dir() and io.is_complete(child)]
+    complete = [child for child in folder.iterdir() if _candidate(folder, child) and io.is_complete(child)]
+    if resumable:
+        complete = [child for child in complete if _resumable(child)]
     return max(complete, key=_recency, default=None)
 
 
-def newest_of(folders: list[Path]) -> Path | None:
+def _candidate(folder: Path, child: Path) -> bool:
+    if child.is_symlink() or not child.is_dir():
+        return False
+    if child.name.startswith("."):  # only a replaced checkpoint whose successor never arrived
+        return child.name.endswith(".old") and not (folder / child.name[1:-4]).exists()
+    return True
+
+
+def newest_of(folders: list[Path], *, resumable: bool = False) -> Path | None:
     """The newest complete checkpoint over several folders (each folder's `newest_in`, the highest step wins)."""
-    found = [c for c in (newest_in(folder) for folder in folders) if c is not None]
+    found = [c for c in (newest_in(folder, resumable=resumable) for folder in folders) if c is not None]
     return max(found, key=_recency, default=None)
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete the complete checkpoint directory `path` (a directory that is not one is left alone)."""
-    if io.is_complete(path):
+    """Delete the complete checkpoint directory `path` (a directory that is not one, or a link, is left alone)."""
+    if not path.is_symlink() and io.is_complete(path):
         shutil.rmtree(path, ignore_errors=True)
 
 

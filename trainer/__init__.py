@@ -48,6 +48,7 @@ _EXPORTS = {
     "set_seed": "trainer.utils",
     "seed_everything": "trainer.utils",
     "Callback": "callbacks.base",
+    "convert_lightning_checkpoint": "strategies.lightning_checkpoint",
 }
 
 # Lightning's subpackages under the rename (``import trainer as pl; pl.strategies.DDPStrategy``): see
@@ -60,6 +61,7 @@ _SUBMODULES = {
     "core": "trainer.core",
     "trainer": "trainer.trainer",
     "profilers": "trainer.profilers",
+    "tuner": "trainer.tuner",
     "callbacks": "callbacks",
     "loggers": "callbacks.trackers",
 }

@@ -7,6 +7,7 @@ offer stands for there.
     trainer.accelerators        none: accelerator="cpu"/"gpu"/"cuda"/"mps"/"tpu" is a string here
     trainer.core                TrainModule, DataModule
     trainer.trainer             Trainer, seed_everything
+    trainer.tuner               Tuner (the tuners are trainer.fit.tuner's)
     trainer.callbacks           the `callbacks` package itself, and trainer.loggers `callbacks.trackers`
                                 (attributes of `trainer`: ``import trainer as pl; pl.callbacks.ModelCheckpoint``)
 

@@ -232,6 +232,19 @@ def flat_config(values: Mapping[str, Any]) -> dict[str, int | float | bool | str
     }
 
 
+def logged_hyperparameters(module: Any, datamodule: Any) -> dict[str, Any]:
+    """The hyperparameters a run's trackers record (Lightning's rule): the module's and the DataModule's ``hparams``,
+    each unless it called ``save_hyperparameters(logger=False)``; a name both hold with different values is an error."""
+    parts = [dict(getattr(owner, "hparams", None) or {}) for owner in (module, datamodule)
+             if owner is not None and getattr(owner, "_log_hyperparams", True)]
+    if len(parts) == 2:
+        clash = sorted(k for k in parts[0].keys() & parts[1].keys() if parts[0][k] != parts[1][k])
+        if clash:
+            raise RuntimeError(f"the hyperparameters {clash} are in both the module's and the DataModule's hparams, with "
+                               "different values: rename one, or save_hyperparameters(logger=False) on one of them")
+    return {k: v for part in parts for k, v in part.items()}
+
+
 class GeneralTracker(Callback):
     """Base class of every tracker: subclass it to plug in your own.
 
@@ -378,9 +391,10 @@ class GeneralTracker(Callback):
             self.logging_dir = os.fspath(trainer.project_dir)
         self.configure(run_name=user_class(module).__name__)
         self.begin(continue_run=True)
-        hparams = getattr(module, "hparams", None)
-        if hparams:
-            self.store_init_configuration(dict(hparams))
+        if getattr(trainer, "enable_autolog_hparams", True):  # Lightning's switch
+            hparams = logged_hyperparameters(module, getattr(trainer, "datamodule", None))
+            if hparams:
+                self.store_init_configuration(hparams)
 
     def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._start_from_trainer(trainer, module)

@@ -361,3 +361,30 @@ def test_min_steps_and_rank_zero_only_logging_on_two_processes(tmp_path: Any) ->
     for rank, out in enumerate(ranks):
         assert out["per_batch"] == out["timed"] == (6, 2)
         assert out["rank0_loss"] is (rank == 0)
+
+
+class OneValidationBatch(Regression):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("val_synced", loss, sync_dist=True)
+        self.log("val_local", loss, prog_bar=True)
+
+
+def _fewer_batches_than_processes(tmp: str) -> dict[str, Any]:
+    from callbacks.early_stopping import EarlyStopping
+
+    # one validation batch for two processes: rank 1 runs none (evaluation is never padded) and logs nothing
+    trainer = _trainer(tmp, max_epochs=2, callbacks=[EarlyStopping(monitor="val_synced"), EarlyStopping(monitor="val_local")])
+    data = _regression_data()
+    trainer.fit(OneValidationBatch(), DataLoader(data, batch_size=2), DataLoader(data, batch_size=16))
+    return {"metrics": {k: trainer.callback_metrics[k] for k in ("val_synced", "val_local")},
+            "bar": sorted(trainer.progress_bar_metrics), "batches": trainer.num_val_batches}
+
+
+def test_a_process_without_a_validation_batch_still_finds_the_monitored_values(tmp_path: Any) -> None:
+    # before: rank 1's callback_metrics had neither name, and EarlyStopping raised there ("could not find 'val_synced'")
+    ranks = run_distributed(_fewer_batches_than_processes, str(tmp_path), nprocs=2, timeout=240)
+    assert [r["batches"] for r in ranks] == [1, 0]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # rank 0 saw every sample: its value is the exact one
+    assert "val_local" in ranks[1]["bar"]

@@ -30,6 +30,11 @@ CURATED = {  # submodules without ``__all__``: the names scripts import from the
         "rank_zero_only", "rank_zero_warn",
     ],
     "lightning.pytorch.utilities.combined_loader": ["CombinedLoader"],
+    "lightning.pytorch.cli": [
+        "ArgsType", "LRSchedulerCallable", "LRSchedulerTypeTuple", "LRSchedulerTypeUnion", "LightningArgumentParser", "LightningCLI",
+        "OptimizerCallable", "ReduceLROnPlateau", "SaveConfigCallback", "instantiate_class",
+    ],
+    "lightning.pytorch.tuner": ["Tuner"],
     "lightning.pytorch.utilities.seed": ["isolate_rng"],
     "lightning.pytorch.utilities.grads": ["grad_norm"],
     "lightning.pytorch.utilities.exceptions": ["MisconfigurationException"],

@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.stress.scenarios import KILLED_MID_TRAINING, ONE_RANK_ONLY
 
 pytestmark = [pytest.mark.distributed, pytest.mark.faults, pytest.mark.timeout(180)]
 
@@ -31,44 +34,10 @@ if acc.process_index == 1:
 acc.reduce(torch.ones(1))
 """
 
-ONE_RANK_ONLY = """
-import torch
-from trainer import Accelerator
-
-acc = Accelerator(cpu=True, process_group_timeout=6)
-if acc.process_index == 0:
-    acc.reduce(torch.ones(1))
-"""
-
-KILLED_MID_TRAINING = """
-import os, signal
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-from trainer import Trainer, TrainModule
-
-class Net(TrainModule):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        if batch_idx == 3 and self.global_rank == 1:
-            os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.lin(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
-Trainer(max_epochs=1, log_with=None, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        process_group_timeout=120).fit(Net(), data)
-"""
-
 
 def _launch(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
     script = tmp_path / "job.py"
-    script.write_text(code)
+    script.write_text(textwrap.dedent(code))
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "trainer", "launch", "--num_processes", "2", "--cpu", str(script)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)

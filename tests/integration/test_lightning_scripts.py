@@ -23,15 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "lightning_scripts"
 
 
-def run_script(name: str, cwd: Path, timeout: float = 120) -> dict[str, Any]:
-    """Rename `name` into `cwd`, run it there, and return the JSON of its last output line."""
+def run_script(name: str, cwd: Path, timeout: float = 120, args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Rename `name` into `cwd`, run it there (with `args`), and return the JSON of its last output line."""
     source = (SCRIPTS / name).read_text()
     renamed = lightning_to_trainwright(source)
     assert "lightning" not in renamed.replace("Lightning", "").lower().split('"""', 2)[-1]  # nothing left to rename
     script = cwd / name
     script.write_text(renamed)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -125,8 +125,9 @@ def test_loop_limits(tmp_path: Path) -> None:
     assert out["limits"] == {"global_step": 18, "epoch": 3, "train": 18, "val": 12, "sanity": 1,
                              "validations": [[0, 3], [0, 6], [1, 9], [1, 12], [2, 15], [2, 18]]}
     assert out["every_2"] == {"global_step": 32, "epoch": 4, "train": 32, "val": 4, "sanity": 0, "validations": [[1, 16], [3, 32]]}
-    # max_steps ends the fit inside epoch 1, before its first validation; num_sanity_val_steps=-1 runs all 5 batches
-    assert out["max_steps"] == {"global_step": 11, "epoch": 1, "train": 11, "val": 10, "sanity": 5, "validations": [[0, 4], [0, 8]]}
+    # max_steps ends the fit inside epoch 1, before its first validation, and current_epoch counts that epoch (Lightning
+    # 2.6.6 gives the same dict); num_sanity_val_steps=-1 runs all 5 batches
+    assert out["max_steps"] == {"global_step": 11, "epoch": 2, "train": 11, "val": 10, "sanity": 5, "validations": [[0, 4], [0, 8]]}
     # overfit_batches=2: 2 train batches an epoch and 2 validation batches (Lightning 2.x)
     assert out["overfit"] == {"global_step": 4, "epoch": 2, "train": 4, "val": 4, "sanity": 0, "validations": [[0, 2], [1, 4]]}
 
@@ -238,3 +239,30 @@ def test_several_train_loaders_and_combined_loader_modes(tmp_path: Path) -> None
     limit_train_batches, and a dict of validation loaders: the batches, steps, metric names and weights Lightning 2.6.6
     gave."""
     assert run_script("combined_loaders.py", tmp_path) == _COMBINED_LIGHTNING
+
+
+def test_save_last_then_open_last_ckpt(tmp_path: Path) -> None:
+    out = run_script("save_last_ckpt.py", tmp_path)
+    assert out == {"exists": True, "loaded_same": True, "lr": 0.05, "resumed_step": 9}  # 3 batches x 3 epochs, 6 of them restored
+    assert (tmp_path / "ckpts" / "last.ckpt").is_symlink()
+
+
+@pytest.mark.parametrize(("fixture", "expected"), [("lightning_tiny.ckpt", "from_epoch_end"), ("lightning_tiny_mid.ckpt", "straight")])
+def test_a_lightning_checkpoint_converted_and_resumed(tmp_path: Path, fixture: str, expected: str) -> None:
+    """The fixtures are checkpoints Lightning 2.6.6 wrote with this script, at an epoch's end and at step 6 inside the
+    second epoch; the expected values were recorded under Lightning by tests/helpers/lightning_checkpoint_fixture.py.
+    From the epoch-end file the resumed run reaches what Lightning's own resume reached; from the mid-epoch file it
+    reaches what the uninterrupted Lightning run reached (Lightning's own resume draws the epoch's first batches again)."""
+    fixtures = ROOT / "tests" / "fixtures"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    convert = subprocess.run([sys.executable, "-m", "trainer", "convert-checkpoint", str(fixtures / fixture),
+                              str(tmp_path / "converted")], env=env, capture_output=True, text=True, timeout=120)
+    assert convert.returncode == 0, convert.stderr
+    out = run_script("resume_lightning_ckpt.py", tmp_path, args=("resume", str(tmp_path / "converted")))
+    lightning = json.loads((fixtures / "lightning_tiny_resumed.json").read_text())[expected]
+    assert (out["global_step"], out["epoch"], out["hparams"]) == (lightning["global_step"], lightning["epoch"], lightning["hparams"])
+    assert out["lr"] == pytest.approx(lightning["lr"], rel=1e-9)
+    for name, values in lightning["weights"].items():
+        assert out["weights"][name] == pytest.approx(values, abs=1e-6), name
+    for mine, theirs in zip(out["momentum"], lightning["momentum"], strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-6)

@@ -21,11 +21,13 @@ pytestmark = pytest.mark.faults
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS, EVERY, VALIDATE_EVERY = 11, 2, 3
+CURRICULUM_STEPS, CURRICULUM_EVERY = 25, 3
 
 
-def _phase(root: Path, *, kill_at_step: int = 0, kill_in_save_at_step: int = 0, kill_in_val_at_step: int = 0) -> subprocess.CompletedProcess:
+def _phase(root: Path, *, kill_at_step: int = 0, kill_in_save_at_step: int = 0, kill_in_val_at_step: int = 0,
+           curriculum: bool = False) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tests.integration.test_resume_kill", str(root), str(kill_at_step), str(kill_in_save_at_step),
-           str(kill_in_val_at_step)]
+           str(kill_in_val_at_step), "curriculum" if curriculum else "plain"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
 
@@ -96,7 +98,45 @@ def test_kill_while_saving_keeps_the_previous_checkpoint(tmp_path: Path) -> None
     _assert_equal_to(tmp_path / "final.safetensors", _straight_weights(tmp_path / "straight"))
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("kill_at", "saved"), [(8, 6), (17, 15)], ids=["mid-epoch-1", "epoch-3"])
+def test_kill_with_reloaded_dataloaders_then_resume_matches_an_uninterrupted_run(tmp_path: Path, kill_at: int, saved: int) -> None:
+    # the loaders are rebuilt every 2 epochs (a curriculum: 5 steps per epoch); the resumed process must rebuild them at
+    # the same epochs as the uninterrupted run (before, it counted 2 epochs from the restored one)
+    from tests.unit.test_checkpoint_resume import fit_curriculum
+    from trainer.fit.checkpointing import find_last_checkpoint, verify_checkpoint
+
+    first = _phase(tmp_path, kill_at_step=kill_at, curriculum=True)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert verify_checkpoint(find_last_checkpoint(tmp_path / "ckpts"))["global_step"] == saved
+    second = _phase(tmp_path, curriculum=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    straight, _ = fit_curriculum(tmp_path / "straight", CURRICULUM_STEPS, stop_step=CURRICULUM_EVERY)
+    assert report["global_step"] == CURRICULUM_STEPS and report["loads"][-1] == 4 and 3 not in report["loads"]
+    _assert_equal_to(tmp_path / "final.safetensors", straight.state_dict())
+
+
 # ------------------------------------------------------------------------------- the training process
+def curriculum_main(root: Path, kill_at_step: int) -> None:
+    """Train the curriculum (loaders rebuilt every 2 epochs) to CURRICULUM_STEPS, resuming from "last"; optionally die."""
+    from safetensors.torch import save_file
+
+    from callbacks.base import Callback
+    from tests.unit.test_checkpoint_resume import fit_curriculum
+
+    class Killer(Callback):
+        def on_after_backward(self, trainer: Any, module: Any) -> None:
+            if trainer.global_step == kill_at_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    module, trainer = fit_curriculum(root, CURRICULUM_STEPS, stop_step=CURRICULUM_EVERY, init_seed=1 if kill_at_step else 99,
+                                     ckpt_path="last", extra_callbacks=(Killer(),) if kill_at_step else ())
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(root / "final.safetensors"))
+    (root / "report.json").write_text(json.dumps({"global_step": trainer.global_step, "loads": module.loads}))
+
+
+
 def main(root: Path, kill_at_step: int, kill_in_save_at_step: int, kill_in_val_at_step: int) -> None:
     """Train to TOTAL_STEPS with a checkpoint every EVERY steps, resuming from "last"; optionally die.
 
@@ -151,4 +191,7 @@ def main(root: Path, kill_at_step: int, kill_in_save_at_step: int, kill_in_val_a
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[5] == "curriculum":
+        curriculum_main(Path(sys.argv[1]), int(sys.argv[2]))
+    else:
+        main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

@@ -7,6 +7,7 @@ faces) are in tests/distributed/test_async_checkpoint_kill.py.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,8 @@ def test_model_checkpoint_async_save_writes_last_json_after_the_commit(tmp_path:
     callback = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=1, save_last=True, async_save=True)
     run_fit(tmp_path, 6, extra_callbacks=(callback,))
     names = sorted(p.name for p in (tmp_path / "ckpts").iterdir())
-    assert names == ["epoch=1-step=6", "last-epoch=1-step=6", "last.json"], names  # older ones removed once superseded
+    assert names == ["epoch=1-step=6", "last-epoch=1-step=6", "last.ckpt", "last.json"], names  # older ones removed once superseded
+    assert os.readlink(tmp_path / "ckpts" / "last.ckpt") == "last-epoch=1-step=6"  # the link follows last.json
     assert newest_in(tmp_path / "ckpts") == tmp_path / "ckpts" / "last-epoch=1-step=6"
 
 

@@ -57,7 +57,9 @@ def test_default_schedule() -> None:
 
 # ------------------------------------------------------------------------------- with a real Trainer
 import json  # noqa: E402
+import os  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -106,7 +108,7 @@ def fit(root: Path, callbacks: list[Any], *, max_epochs: int = len(VAL_LOSSES), 
 
 
 def saved_names(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.is_dir())
+    return sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
 
 
 @pytest.mark.parametrize("mode, kept, best", [
@@ -145,6 +147,8 @@ def test_save_last_keeps_the_newest_state(tmp_path: Path) -> None:
     assert resolve_ckpt_path(trainer, "last") == Path(cb.last_model_path)
     assert resolve_ckpt_path(trainer, "best") == Path(cb.best_model_path)
     assert resolve_ckpt_path(trainer, str(tmp_path / "ck" / "last.ckpt")) == Path(cb.last_model_path)
+    link = tmp_path / "ck" / "last.ckpt"  # a real path a script can open: the store's link to the newest checkpoint
+    assert link.is_symlink() and os.readlink(link) == "last-epoch=4-step=10" and (link / "model.safetensors").is_file()
 
 
 def test_save_last_is_never_a_top_k_checkpoint(tmp_path: Path) -> None:
@@ -254,14 +258,24 @@ def test_lightnings_positional_order_and_verbose(tmp_path: Path, capsys: pytest.
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"save_weights_only": True}, r"save_weights_only=True\) is not supported"),
-     ({"train_time_interval": 60}, r"train_time_interval=60\) is not supported"),
-     ({"enable_version_counter": False}, r"enable_version_counter=False\) is not supported")],
+    ("kwargs", "error", "message"),
+    [({"train_time_interval": 60}, TypeError, r"train_time_interval=60\) must be a datetime.timedelta"),
+     ({"train_time_interval": timedelta(seconds=1), "every_n_train_steps": 2}, ValueError, "mutually exclusive"),
+     ({"train_time_interval": timedelta(seconds=-1)}, ValueError, "must not be negative"),
+     ({"save_weights_only": "yes"}, TypeError, r"save_weights_only='yes'\) must be True or False"),
+     ({"save_on_exception": 1}, TypeError, r"save_on_exception=1\) must be True or False"),
+     ({"enable_version_counter": None}, TypeError, r"enable_version_counter=None\) must be True or False")],
 )
-def test_lightning_arguments_without_a_counterpart_are_refused_not_ignored(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(NotImplementedError, match=message):
+def test_lightning_2_6_arguments_are_checked(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
         ModelCheckpoint(**kwargs)
+
+
+def test_save_on_exception_takes_lightnings_position() -> None:
+    # Lightning 2.6: dirpath, filename, monitor, verbose, save_last, save_top_k, save_on_exception, save_weights_only, mode
+    cb = ModelCheckpoint(None, None, "val_loss", False, True, 2, True, True, "max")
+    assert (cb.save_top_k, cb.save_on_exception, cb.save_weights_only, cb.mode) == (2, True, True, "max")
+    assert ModelCheckpoint(train_time_interval=timedelta(minutes=5)).every_n_epochs == 0  # as Lightning's triggers
 
 
 def test_tqdm_progress_bar_takes_lightnings_arguments(tmp_path: Path) -> None:
@@ -278,3 +292,10 @@ def test_tqdm_progress_bar_takes_lightnings_arguments(tmp_path: Path) -> None:
     assert "Epoch 0" in bar.file.getvalue()
     with pytest.raises(ValueError, match="process_position=-1"):
         TQDMProgressBar(process_position=-1)
+
+
+def test_format_checkpoint_name_takes_lightnings_ver_and_prefix() -> None:
+    cb = ModelCheckpoint(filename="{epoch}")
+    assert cb.format_checkpoint_name({"epoch": 2}, ver=3) == "epoch=2-v3"
+    assert cb.format_checkpoint_name({"epoch": 2}, prefix="exc") == "exc-epoch=2"
+    assert cb.format_checkpoint_name({"epoch": 2}, "last", 1) == "last-v1"

@@ -314,12 +314,14 @@ class CurriculumNet(ResumeNet):
         return DataLoader(TensorDataset(x, y + epoch // 2), batch_size=BATCH_SIZE, shuffle=True)
 
 
-def _fit_curriculum(root: Path, max_steps: int, *, stop_step: int, init_seed: int = 1, ckpt_path: str | None = None) -> tuple[CurriculumNet, Trainer]:
+def fit_curriculum(root: Path, max_steps: int, *, stop_step: int, init_seed: int = 1, ckpt_path: str | None = None,
+                   extra_callbacks: tuple[Callback, ...] = ()) -> tuple[CurriculumNet, Trainer]:
     torch.manual_seed(init_seed)
     module = CurriculumNet()
     trainer = Trainer(
         max_steps=max_steps, max_epochs=100, accumulate_grad_batches=ACCUMULATE, reload_dataloaders_every_n_epochs=2, log_with=None,
-        callbacks=[ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=stop_step, save_top_k=-1)], enable_progress_bar=False,
+        callbacks=[ModelCheckpoint(dirpath=root / "ckpts", every_n_train_steps=stop_step, save_top_k=-1), *extra_callbacks],
+        enable_progress_bar=False,
         enable_model_summary=False, project_dir=str(root), seed=1234,
     )
     trainer.fit(module, ckpt_path=ckpt_path)
@@ -332,9 +334,9 @@ def test_a_resumed_run_reloads_its_dataloaders_at_the_same_epochs(tmp_path: Path
     # builds them before the checkpoint is read (at epoch 0), again at the restored epoch (after the restore, as
     # Lightning), then on the straight run's schedule. Before, it counted 2 epochs from the restored one (epoch1-mid: a
     # reload at 3, none at 2) and trained on the loader built at epoch 0 (epoch2-end: the stage-0 curriculum in epoch 3)
-    straight, _ = _fit_curriculum(tmp_path / "straight", 25, stop_step=stop_step)
-    first, _ = _fit_curriculum(tmp_path, stop_step, stop_step=stop_step)
-    resumed, trainer = _fit_curriculum(tmp_path, 25, stop_step=stop_step, init_seed=99, ckpt_path="last")
+    straight, _ = fit_curriculum(tmp_path / "straight", 25, stop_step=stop_step)
+    first, _ = fit_curriculum(tmp_path, stop_step, stop_step=stop_step)
+    resumed, trainer = fit_curriculum(tmp_path, 25, stop_step=stop_step, init_seed=99, ckpt_path="last")
     assert straight.loads == [0, 2, 4]
     assert resumed.loads == loads
     assert trainer.global_step == 25

@@ -14,7 +14,7 @@ From the bottom up::
                           ``Accelerator(log_with=...)`` needs), and nothing it imports may import trainer.fit in turn
     trainer.fit           the Trainer face, on top: it may import anything
     Lightning's paths     trainer.strategies, trainer.plugins, trainer.utilities, trainer.accelerators, trainer.core,
-                          trainer.trainer (`LIGHTNING_PATHS`, see trainer/lightning_api.py): thin re-exports for user
+                          trainer.trainer, trainer.tuner (`LIGHTNING_PATHS`, see trainer/lightning_api.py): thin re-exports for user
                           scripts, beside trainer.fit on top; no module of the project imports them (the front door
                           names them lazily, as strings), so ``trainer.strategies`` never stands in for ``strategies``
 
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("strategies", "callbacks", "trainer")
 LIGHTNING_PATHS = ("trainer.strategies", "trainer.plugins", "trainer.utilities", "trainer.accelerators", "trainer.core",
-                   "trainer.trainer", "trainer.lightning_api", "trainer.profilers")
+                   "trainer.trainer", "trainer.lightning_api", "trainer.profilers", "trainer.tuner")
 REASON = re.compile(r"#\s*lazy:\s*\S")
 
 # Temporary exceptions, each (importing module, imported module) -> why; remove the entry with the import (a test fails

@@ -369,31 +369,68 @@ def test_fit_goes_through_a_strategy_that_overrides_backward_and_step(tmp_path: 
     assert torch.equal(weights[0], weights[1]) and torch.equal(weights[0], weights[2])
 
 
-@pytest.mark.parametrize("hook", ["optimizer_zero_grad"])
-def test_lightning_optimizer_hooks_are_refused_not_ignored(tmp_path: Any, hook: str) -> None:
-    """A module ported from Lightning with an ``optimizer_zero_grad`` override: fit refuses it before training, naming
-    the hook and where its work goes, instead of training without it (``optimizer_step`` overrides run: see
-    tests/unit/test_module_lightning_hooks.py). In manual optimization Lightning does not call it either, so there it
-    is left alone."""
+class ZeroGradOverride(TrainModule):
+    """Lightning's ``optimizer_zero_grad`` override: records its calls and zeroes without freeing the gradients."""
 
-    def warmup(self: TrainModule, *args: Any, **kwargs: Any) -> None:
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1, bias=False)
+        torch.nn.init.constant_(self.layer.weight, 0.5)
+        self.calls: list[tuple[Any, ...]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return self.layer(x).pow(2).mean()
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self.calls.append(("before_backward", self.current_epoch, "none" if self.layer.weight.grad is None else "tensor"))
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        self.calls.append(("zero_grad", epoch, batch_idx, isinstance(optimizer, torch.optim.SGD)))
+        optimizer.zero_grad(set_to_none=False)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_an_optimizer_zero_grad_override_runs_where_lightning_runs_it(tmp_path: Any) -> None:
+    """With ``accumulate_grad_batches=2``: the override runs on each window's first batch, after ``training_step`` and
+    before backward, with the torch optimizer; its ``set_to_none=False`` leaves zero tensors where the Trainer's own
+    zeroing leaves None. The calls, weights and step count are Lightning 2.6.6's for the same script (run in a side
+    environment)."""
+    module = ZeroGradOverride()
+    data = DataLoader(TensorDataset(torch.arange(12.0).reshape(6, 2) / 10), batch_size=1)
+    trainer = Trainer(max_epochs=2, accumulate_grad_batches=2, log_with=None, project_dir=tmp_path, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(module, data)
+    window = [("before_backward", 0, "tensor"), ("before_backward", 0, "tensor")]
+    lightning = [("zero_grad", 0, 0, True), ("before_backward", 0, "none"), ("before_backward", 0, "tensor"),
+                 ("zero_grad", 0, 2, True), *window, ("zero_grad", 0, 4, True), *window]
+    lightning += [(c[0], 1, *c[2:]) if c[0] == "zero_grad" else (c[0], 1, "tensor") for c in lightning]
+    assert module.calls == lightning
+    assert trainer.global_step == 6
+    assert module.layer.weight.tolist()[0] == pytest.approx([0.17432844638824463, 0.12756307423114777], abs=1e-7)
+
+    class Plain(ZeroGradOverride):  # without the override: the Trainer's zeroing, to None
+        optimizer_zero_grad = TrainModule.optimizer_zero_grad
+
+    plain = Plain()
+    Trainer(max_epochs=1, accumulate_grad_batches=2, log_with=None, project_dir=tmp_path, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False).fit(plain, data)
+    assert [c[2] for c in plain.calls] == ["none", "tensor"] * 3
+
+
+@pytest.mark.parametrize("hook", ["backward", "on_validation_model_zero_grad"])
+def test_lightning_hooks_this_trainer_does_not_call_are_refused_not_ignored(tmp_path: Any, hook: str) -> None:
+    """A module ported from Lightning with a ``backward`` or ``on_validation_model_zero_grad`` override: fit refuses it
+    before training, naming the hook and where its work goes, instead of training without it."""
+
+    def override(self: TrainModule, *args: Any, **kwargs: Any) -> None:
         raise AssertionError("never called")
 
-    Ported = type("Ported", (Linear,), {hook: warmup})
+    Ported = type("Ported", (Linear,), {hook: override})
     module = Ported(lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
     before = module.layer.weight.detach().clone()
-    with pytest.raises(NotImplementedError, match=rf"Ported defines {hook}\(\).*on_before_zero_grad.*automatic_optimization = False"):
+    with pytest.raises(NotImplementedError, match=rf"Ported defines {hook}\(.*a Lightning hook this Trainer does not call"):
         _fit(module, tmp_path, max_epochs=1)
     assert torch.equal(module.layer.weight, before)  # nothing trained
-
-    class Manual(Ported):  # type: ignore[misc, valid-type]
-        automatic_optimization = False
-
-        def training_step(self, batch: Any, batch_idx: int) -> None:
-            opt = self.optimizers()
-            opt.zero_grad()
-            self.manual_backward(super().training_step(batch, batch_idx))
-            opt.step()
-
-    trainer = _fit(Manual(lambda m: torch.optim.SGD(m.parameters(), lr=0.1)), tmp_path, max_epochs=1)
-    assert trainer.global_step == 4

@@ -23,13 +23,15 @@ import json
 import numbers
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from strategies import Strategy
 from strategies.abilities import Engine
@@ -179,6 +181,8 @@ class Accelerator(ProcessLayout):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
+        self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()  # register_save_state_pre_hook
+        self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()  # register_load_state_pre_hook
         self.checkpoint_parts: list[Any] = []  # what a Trainer adds to every checkpoint (`state.Part`s)
         self._data_seed: int | None = self.dataloader_config.data_seed
         self._log_with = log_with
@@ -712,6 +716,42 @@ class Accelerator(ProcessLayout):
         if bad:
             raise TypeError(f"objects {bad!r} have no state_dict()/load_state_dict(); only such objects can be registered for checkpointing")
         self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in `save_state`, on every process, before the weights are written.
+
+        `models` is the list of prepared models, `weights` their state dicts (unwrapped keys) in that order, and
+        `output_dir` the directory being written (the hidden staging directory that becomes the checkpoint when the
+        save commits): files the hook writes there move with the checkpoint. The hook may change `weights` in place:
+        a state dict it removes is not written (save that model yourself, then ``weights.pop()``), and the remaining
+        ones are written in order as ``model.safetensors``, ``model_1.safetensors``, ... Under a sharded strategy
+        (FSDP, DeepSpeed) `weights` is empty and the strategy writes the weights itself, as in Accelerate.
+
+        Returns:
+            A handle; ``handle.remove()`` unregisters the hook.
+        """
+        if not callable(hook):
+            raise TypeError(f"register_save_state_pre_hook(hook={hook!r}) needs a callable hook(models, weights, output_dir)")
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in `load_state`, on every process, before the weights are loaded.
+
+        `models` is a list of the prepared models; a model the hook removes from it is not loaded from the
+        checkpoint (load it yourself, then ``models.pop()``), and the remaining ones load, in order, the weights
+        files `save_state` wrote (the pair of `register_save_state_pre_hook`). Under a sharded strategy `models` is
+        empty, as in Accelerate.
+
+        Returns:
+            A handle; ``handle.remove()`` unregisters the hook.
+        """
+        if not callable(hook):
+            raise TypeError(f"register_load_state_pre_hook(hook={hook!r}) needs a callable hook(models, input_dir)")
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
 
     def save_state(
         self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None,

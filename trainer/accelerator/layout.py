@@ -202,6 +202,13 @@ class PartialState(ProcessLayout):
         return (f"{type(self).__name__}(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"process_index={self.process_index}, device={self.device})")
 
+    def __str__(self) -> str:
+        """Accelerate's text of the state (what ``print(accelerator.state)`` shows there)."""
+        backend = getattr(self.strategy, "backend", None) if self.num_processes > 1 else None
+        return (f"Distributed environment: {self.distributed_type}{('  Backend: ' + backend) if backend else ''}\n"
+                f"Num processes: {self.num_processes}\nProcess index: {self.process_index}\n"
+                f"Local process index: {self.local_process_index}\nDevice: {self.device}\n")
+
 
 class AcceleratorState(PartialState):
     """`PartialState` plus the precision: what `Accelerator.state` returns (read-only)."""
@@ -211,6 +218,9 @@ class AcceleratorState(PartialState):
     @property
     def mixed_precision(self) -> str:
         return self.strategy.precision.mode
+
+    def __str__(self) -> str:
+        return super().__str__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
     @property
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:

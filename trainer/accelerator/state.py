@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from strategies import checkpoint_io as io
 from strategies import checkpoint_store as store
+from strategies.base import Strategy
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 
@@ -105,12 +106,15 @@ def save_state(
     extra_state: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
     async_save: bool = False,
+    weights_only: bool = False,
 ) -> Any:
     """Write a checkpoint directory and return its path (see the module docstring), or with `async_save` a
     `strategies.checkpoint_store.PendingSave` as soon as the state is copied (the files are written in the background).
 
     What it holds besides the weights and RNG states is `checkpoint_parts` (a `Trainer` adds its own); `meta` adds
-    manifest entries (the Trainer's step and epoch, by which the newest checkpoint is found).
+    manifest entries (the Trainer's step and epoch, by which the newest checkpoint is found). `weights_only` (the
+    Trainer's ``ModelCheckpoint(save_weights_only=True)``) writes the model weights and ``hparams.json`` alone, marked
+    so in the manifest (`strategies.checkpoint_store.WEIGHTS_ONLY`): nothing resumes from it.
     """
     if not isinstance(async_save, bool):
         raise TypeError(f"save_state(async_save={async_save!r}) must be True or False")
@@ -130,17 +134,29 @@ def save_state(
     else:
         final = Path(output_dir)
     strategy, rank, main = accelerator.strategy, accelerator.process_index, accelerator.is_main_process
+    if weights_only and strategy.name == "deepspeed":
+        raise NotImplementedError(
+            "a weights-only checkpoint is not available with strategy='deepspeed': its engine writes its optimizer "
+            "partitions with the weights. Save full checkpoints (save_weights_only=False)"
+        )
 
     def collect(staging: Staging | None) -> Write:
-        write_weights = strategy.collect_checkpoint(accelerator._models, [opt.optimizer for opt in accelerator._optimizers], staging)
+        if weights_only:
+            write_weights = strategy.collect_checkpoint(accelerator._models, [], staging)
+        else:
+            write_weights = _collect_weights(accelerator, final, manifest, staging)
         rng_tensors, rng_meta = io.capture_rng_state()  # (fresh tensors: nothing to copy)
-        states = [(part, part.obj.state_dict()) for part in checkpoint_parts(accelerator, extra_state)]  # every process (hooks)
+        parts = checkpoint_parts(accelerator, extra_state)
+        if weights_only:
+            parts = [part for part in parts if part.file == store.HPARAMS]
+        states = [(part, part.obj.state_dict()) for part in parts]  # every process (hooks)
         shared = {part.file: (part.kind, state) for part, state in states if main and (state or not part.optional)}
         if staging is not None:
             shared = staging.copy("shared", shared)
 
         def write(writer: io.CheckpointWriter) -> None:  # (the small files first: they reach the disk while the weights are written)
-            writer.save_safetensors(store.rng_file(rank), rng_tensors, metadata=rng_meta)
+            if not weights_only:
+                writer.save_safetensors(store.rng_file(rank), rng_tensors, metadata=rng_meta)
             for name, (kind, data) in shared.items():
                 writer.save_json(name, data) if kind == "json" else writer.save_torch(name, data)
             write_weights(writer)
@@ -148,8 +164,10 @@ def save_state(
         return write
 
     manifest = {"num_processes": accelerator.num_processes, "world_size": accelerator.num_processes, "sharded": strategy.sharded,
-                "models": len(accelerator._models), "optimizers": len(accelerator._optimizers),
-                "schedulers": len(accelerator._schedulers), "created": time.time(), **(meta or {})}
+                "models": len(accelerator._models), "optimizers": 0 if weights_only else len(accelerator._optimizers),
+                "schedulers": 0 if weights_only else len(accelerator._schedulers), "created": time.time(), **(meta or {})}
+    if weights_only:
+        manifest["kind"] = store.WEIGHTS_ONLY
     result = accelerator.checkpoints.save(final.absolute(), collect, manifest, async_save=async_save)
     if config.automatic_checkpoint_naming:
         if main and config.total_limit is not None:
@@ -219,8 +237,10 @@ def load_state(
     share = (accelerator.process_index, accelerator.num_processes, accelerator.gather_object)
     reader = io.open_checkpoint(path, share=share, hashes=verify, what="load_state")  # (the same directory everywhere, too)
     manifest = reader.manifest
+    store.check_resumable(path, manifest)
     _check_process_count(manifest, path, accelerator.num_processes)
-    for kind, have in (("models", accelerator._models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
+    models = _run_load_hooks(accelerator, path)
+    for kind, have in (("models", models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
         if manifest.get(kind, len(have)) != len(have):
             raise ValueError(
                 f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
@@ -228,7 +248,7 @@ def load_state(
             )
     parts = checkpoint_parts(accelerator)
     with reader.agreed():
-        _load_files(accelerator, reader, manifest, parts, strict)
+        _load_files(accelerator, reader, manifest, parts, strict, models)
     config = accelerator.project_configuration
     if config.automatic_checkpoint_naming and (n := store.numbered_iteration(path)) is not None:
         config.iteration = n + 1
@@ -236,10 +256,12 @@ def load_state(
     return extra.value if extra is not None else {}
 
 
-def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any], parts: list[Part], strict: bool) -> None:
-    """Every file `load_state` restores, each read (and checked) once through `reader`."""
+def _load_files(
+    accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any], parts: list[Part], strict: bool, models: list[Any],
+) -> None:
+    """Every file `load_state` restores, each read (and checked) once through `reader`; `models` load the weights files in order."""
     path = reader.directory
-    accelerator.strategy.load_checkpoint(reader, accelerator._models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
+    accelerator.strategy.load_checkpoint(reader, models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
     for part in parts:
         if part.optional and not (path / part.file).exists():
             continue
@@ -251,8 +273,82 @@ def _load_files(accelerator: Accelerator, reader: io.CheckpointReader, manifest:
     saved_world = int(manifest.get("world_size", manifest.get("num_processes", accelerator.num_processes)))
     if rng.exists():
         reader.load_rng_state(rng.name)
-    elif accelerator.process_index < saved_world:  # (a resharded checkpoint of fewer processes has none for the new ranks)
+    elif accelerator.process_index < saved_world and manifest.get("rng_states", True):  # (a resharded checkpoint of fewer processes has none for the new ranks)
         raise io.CheckpointError(
             f"checkpoint {str(path)!r} has no {rng.name}: the RNG states of process {accelerator.process_index} are missing, "
             "so the run would not continue as it would have; load an intact checkpoint"
         )
+
+
+def _full_weights(accelerator: Accelerator) -> bool:
+    """Whether the strategy saves full state dicts of the models (the case where the state-hooks see and edit `weights`):
+    it keeps the base class's own `collect_checkpoint`."""
+    return type(accelerator.strategy).collect_checkpoint is Strategy.collect_checkpoint
+
+
+def _collect_weights(accelerator: Accelerator, final: Path, manifest: dict[str, Any], staging: Staging | None) -> Write:
+    """The models' and optimizers' write function, after the save-state pre-hooks (`Accelerator.register_save_state_pre_hook`).
+
+    Without hooks the strategy collects everything. With hooks and full state dicts, the hooks get those state dicts
+    and what they leave in the list is written, in order; under a sharded strategy they get an empty list.
+    """
+    strategy, models = accelerator.strategy, accelerator._models
+    optimizers = [opt.optimizer for opt in accelerator._optimizers]
+    hooks = list(accelerator._save_state_pre_hooks.values())
+    main = strategy.rank == 0
+    if not hooks:
+        return strategy.collect_checkpoint(models, optimizers, staging)
+    if not _full_weights(accelerator):
+        write_all = strategy.collect_checkpoint(models, optimizers, staging)
+        added = _call_save_hooks(hooks, models, [], final)
+
+        def write_sharded(writer: io.CheckpointWriter) -> None:
+            write_all(writer)
+            if main:
+                writer.hash_written(added)
+
+        return write_sharded
+    weights = [strategy.module_state_dict(m) for m in models]
+    added = _call_save_hooks(hooks, models, weights, final)
+    bad = [type(w).__name__ for w in weights if not isinstance(w, dict)]
+    if bad:
+        raise TypeError(f"a save_state pre-hook left {bad} in `weights`; it may only remove state dicts or change them in place")
+    manifest["models"] = len(weights)  # the load pairs them with the models the load hooks leave
+    write_optimizers = strategy.collect_checkpoint([], optimizers, staging)
+    if main and staging is not None:
+        weights = staging.copy("hooked_models", weights)
+
+    def write(writer: io.CheckpointWriter) -> None:
+        for i, state in enumerate(weights if main else []):
+            writer.save_safetensors(store.model_file(i), state)
+        write_optimizers(writer)
+        if main:
+            writer.hash_written(added)
+
+    return write
+
+
+def _call_save_hooks(hooks: list[Any], models: list[Any], weights: list[Any], final: Path) -> list[str]:
+    """Call each save-state pre-hook with the directory being written (it becomes `final` at the commit); the files the
+    hooks added there (process 0 lists them in the manifest, so they are verified like the others when loading)."""
+    output_dir = io.CheckpointWriter(final).staging
+
+    def files() -> set[str]:
+        return {p.relative_to(output_dir).as_posix() for p in output_dir.rglob("*") if p.is_file()}
+
+    before = files()
+    for hook in hooks:
+        hook(list(models), weights, str(output_dir))
+    return sorted(files() - before)
+
+
+def _run_load_hooks(accelerator: Accelerator, path: Path) -> list[Any]:
+    """Call the load-state pre-hooks (`Accelerator.register_load_state_pre_hook`); the models whose weights load from `path`."""
+    hooks = list(accelerator._load_state_pre_hooks.values())
+    if not hooks:
+        return list(accelerator._models)
+    full = _full_weights(accelerator)
+    models = list(accelerator._models) if full else []
+    for hook in hooks:
+        hook(models, str(path))
+    return models if full else list(accelerator._models)

@@ -1,7 +1,11 @@
-"""The ``trainer`` command: ``trainer launch | config | env | test``.
+"""The ``trainer`` command: ``trainer launch | config | env | test | convert-checkpoint``.
 
 Each subcommand lives in its own module and registers itself with ``add_*_parser``. Bad input (a bad
 setting, a missing file) prints one ``trainer <command>: error: ...`` line and exits with code 2.
+
+The config-driven CLI of a training script, Lightning's ``lightning.pytorch.cli`` (``LightningCLI``, ...), is
+``trainer.cli.LightningCLI``: an attribute loaded from `trainer.fit.cli` on first use, so the ``trainer`` command does
+not import jsonargparse or the Trainer.
 """
 
 from __future__ import annotations
@@ -9,11 +13,28 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from trainer.cli.config import add_config_parser
+from trainer.cli.convert import add_convert_parser
 from trainer.cli.env import add_env_parser
 from trainer.cli.launch import add_launch_parser
 from trainer.cli.selftest import add_test_parser
+
+_CONFIG_CLI_NAMES = frozenset({
+    "ArgsType", "LRSchedulerCallable", "LRSchedulerType", "LRSchedulerTypeTuple", "LRSchedulerTypeUnion", "LightningArgumentParser",
+    "LightningCLI", "OptimizerCallable", "ReduceLROnPlateau", "SaveConfigCallback", "instantiate_class",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _CONFIG_CLI_NAMES:
+        raise AttributeError(f"module 'trainer.cli' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module("trainer.fit.cli"), name)
+    globals()[name] = value
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,11 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test."
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,test}")
+    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,convert-checkpoint}")
     add_launch_parser(subparsers)
     add_config_parser(subparsers)
     add_env_parser(subparsers)
     add_test_parser(subparsers)
+    add_convert_parser(subparsers)
     return parser
 
 

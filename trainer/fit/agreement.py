@@ -11,6 +11,10 @@ counts), only where the loop must decide:
   batches the next one is away, from the batch time measured since the last (the smallest proposal of the
   processes), so every process counts to the same batch without a clock in common.
 
+Callbacks agree on their own decisions the same way (``ModelCheckpoint(train_time_interval=...)``: any process's
+clock says a save is due): `register` a key in ``setup``, `request` it on any process, and `take` it where every process
+acts on it (the same batch on all, after the agreement that carried it; at once with one process).
+
 Latency: a signal or a stop set during training takes effect within about ``stop_check_interval`` seconds plus one
 batch (or the rest of an accumulation window); a preemption grace period is tens of seconds (SLURM's
 ``--signal=USR1@90``, Kubernetes' 30 s), which leaves room for the checkpoint. With one process there is nothing to
@@ -63,6 +67,8 @@ class LoopAgreement:
         self._countdown = self.fixed_gap if self.fixed_gap is not None else FIRST_GAP
         self._since = 0  # batches counted since the last agreement, and the time it was made
         self._last_time = time.perf_counter()
+        self._requests: dict[str, bool] = {}  # the callbacks' registered decisions: asked for by this process
+        self._agreed: set[str] = set()  # asked for by some process, agreed by all, not yet taken
 
     def begin_epoch(self) -> None:
         """Time batches from here (the epoch's first batch), not from the setup or validation before it."""
@@ -85,12 +91,38 @@ class LoopAgreement:
         received = self.signals.received
         if self.several:
             gap = self._next_gap()
-            flags = self.reduce(torch.tensor([float(stop), float(received), -float(gap)], device=self.device), "max").tolist()
+            keys = list(self._requests)
+            asked = [float(self._requests[key]) for key in keys]
+            flags = self.reduce(torch.tensor([float(stop), float(received), -float(gap), *asked], device=self.device), "max").tolist()
             stop, received, gap = bool(flags[0]), int(flags[1]), int(-flags[2])
+            self._agreed.update(key for key, flag in zip(keys, flags[3:]) if flag)
             trainer.should_stop = stop
             self._countdown, self._since, self._last_time = gap, 0, time.perf_counter()
         self.signal = self.signal or received
         return stop
+
+    def register(self, key: str) -> None:
+        """Declare the decision `key`, which any process may then `request` (every process registers the same keys in the
+        same order: in a callback's ``setup``)."""
+        self._requests.setdefault(key, False)
+
+    def request(self, key: str) -> None:
+        """This process asks for `key`: every process `take`s it after the next agreement (at once with one process)."""
+        if key not in self._requests:
+            raise KeyError(f"LoopAgreement.request({key!r}): register the key first (every process, in setup)")
+        if self.several:
+            self._requests[key] = True
+        else:
+            self._agreed.add(key)
+
+    def take(self, key: str) -> bool:
+        """True, once, when the processes agreed on `key` (the same batch on every process); clears this process's
+        own request of it too, so one agreement makes one decision."""
+        if key not in self._agreed:
+            return False
+        self._agreed.discard(key)
+        self._requests[key] = False
+        return True
 
     def agree_skip(self, skip: bool, nonfinite: bool) -> tuple[bool, bool]:
         """The per-batch check of ``on_nonfinite``: (skip this batch, its loss is not finite) on any process."""

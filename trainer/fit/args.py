@@ -32,7 +32,7 @@ class TrainerArgs:
     precision: str | None
     max_epochs: int | None
     max_steps: int | None
-    accumulate_grad_batches: int
+    accumulate_grad_batches: int  # a {epoch: n} schedule is a GradientAccumulationScheduler in `callbacks`
     gradient_clip_val: float | None
     gradient_clip_algorithm: str
     callbacks: tuple[Callback, ...]
@@ -71,6 +71,7 @@ class TrainerArgs:
     max_time: Any = None
     barebones: bool = False
     async_checkpoint: bool = False
+    enable_autolog_hparams: bool = True
     launch_processes: bool = False
 
 
@@ -90,6 +91,16 @@ def _check_limit(name: str, value: Any) -> None:
     raise ValueError(f"{name}={value!r} must be None (all batches), an int >= 0 (a number of batches) or a float in [0.0, 1.0] (a fraction)")
 
 
+def _check_lightning_only(enable_autolog_hparams: Any, model_registry: Any) -> None:
+    if not isinstance(enable_autolog_hparams, bool):
+        raise TypeError(f"Trainer(enable_autolog_hparams={enable_autolog_hparams!r}) must be True or False")
+    if model_registry is not None:
+        raise NotImplementedError(
+            f"Trainer(model_registry={model_registry!r}): Lightning.ai's model registry is not offered; leave it None and "
+            "publish the checkpoint directory (or its model.safetensors) yourself"
+        )
+
+
 def check_arguments(**kw: Any) -> TrainerArgs:
     """Check every `Trainer` argument; raise ``ValueError``/``TypeError`` naming the bad value and the fix."""
     kw = _lightning_names(_overfit_batches(_fast_dev_run(_barebones(kw))))
@@ -103,7 +114,9 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise ValueError(f"devices={devices!r} must be 'auto' or a positive int (the number of processes on this machine)")
     if strategy == "single" and _is_int(devices) and devices > 1:
         raise ValueError(f"strategy='single' runs one process but devices={devices}; use strategy='ddp' or devices=1")
-    precision = kw["precision"]
+    _check_lightning_only(kw.get("enable_autolog_hparams", True), kw.pop("model_registry", None))
+    # a precision plugin (plugins=[MixedPrecision("bf16-mixed", "cpu")]) names the precision as precision= does
+    precision, kw["async_checkpoint"] = check_plugins(kw.pop("plugins", None), kw["precision"])
     if precision is not None:
         try:
             precision = normalize_precision(precision)
@@ -123,7 +136,6 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     if max_epochs is None and max_steps is None and not timed:  # with a time limit, none (Lightning's rule)
         max_epochs = 1000
     min_epochs, min_steps = _min_limits(kw["min_epochs"], kw["min_steps"])
-    _check_int("accumulate_grad_batches", kw["accumulate_grad_batches"], 1)
     clip = kw["gradient_clip_val"]
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
         raise ValueError(f"gradient_clip_val={clip!r} must be None or a number >= 0")
@@ -134,6 +146,7 @@ def check_arguments(**kw: Any) -> TrainerArgs:
     bad = [cb for cb in callbacks if not isinstance(cb, Callback)]
     if bad:
         raise TypeError(f"callbacks must be Callback instances, got {bad!r:.200}; subclass callbacks.base.Callback")
+    callbacks, kw["accumulate_grad_batches"] = _accumulation(kw["accumulate_grad_batches"], callbacks)
     interval = kw["val_check_interval"]
     if not (interval is None or (_is_int(interval) and interval >= 1) or (isinstance(interval, float) and 0.0 < interval <= 1.0)):
         raise ValueError(f"val_check_interval={interval!r} must be None, an int >= 1 (batches) or a float in (0.0, 1.0] (fraction of an epoch)")
@@ -174,7 +187,6 @@ def check_arguments(**kw: Any) -> TrainerArgs:
         raise ValueError(f"profiler={kw['profiler']!r} is not supported; choose one of {', '.join(map(repr, _PROFILERS))}, "
                          "or pass a Profiler (SimpleProfiler, AdvancedProfiler, PyTorchProfiler from trainer.profilers)")
     kw["compile"] = _compile_plugin(kw["compile"])
-    kw["async_checkpoint"] = check_plugins(kw.pop("plugins", None))
     values = {**kw, "strategy": strategy, "precision": precision, "max_epochs": max_epochs, "max_steps": max_steps, "callbacks": callbacks,
               "gradient_clip_val": clip or None, "project_dir": os.fspath(kw["project_dir"]), "min_epochs": min_epochs,
               "min_steps": min_steps}
@@ -191,6 +203,23 @@ def check_arguments(**kw: Any) -> TrainerArgs:
 
 _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 _PROFILERS = (None, "simple", "advanced", "pytorch")
+
+
+def _accumulation(value: Any, callbacks: tuple[Callback, ...]) -> tuple[tuple[Callback, ...], int]:
+    """``accumulate_grad_batches``: an int >= 1, or ``{epoch: batches per step}``, which becomes a
+    `GradientAccumulationScheduler` among the callbacks (the Trainer's own factor then stays 1)."""
+    if not isinstance(value, dict):
+        _check_int("accumulate_grad_batches", value, 1, hint=", or a dict {epoch: batches per optimizer step}")
+        return callbacks, value
+    # lazy: only a schedule loads the callback
+    from callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler, check_scheduling
+
+    if any(isinstance(cb, GradientAccumulationScheduler) for cb in callbacks):
+        raise ValueError(
+            f"accumulate_grad_batches={value!r} and a GradientAccumulationScheduler among the callbacks both schedule the "
+            "accumulation; keep one"
+        )
+    return (*callbacks, GradientAccumulationScheduler(check_scheduling(value, "accumulate_grad_batches"))), 1
 
 
 def _compile_plugin(value: Any) -> Any:

@@ -4,7 +4,8 @@
     output = training_step(batch, batch_idx)       # through the wrapper's forward when the strategy wraps the model
     (automatic optimization, through the accelerator's `Stepper`)
         [on_nonfinite set: the processes agree whether to skip this batch]
-        on_before_zero_grad, zero_grad             # on the first batch of an accumulation window
+        on_before_zero_grad, zero_grad             # on the first batch of an accumulation window (the module's
+                                                   #   optimizer_zero_grad(epoch, batch_idx, optimizer) when it has one)
         on_before_backward, backward, on_after_backward
         on a window's last batch: unscale, on_before_optimizer_step, clip, step, schedulers
     on_train_batch_end(detached output)
@@ -75,6 +76,8 @@ class TrainBatch:
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
         self.clip_optimizers = [self.inner_optimizer] if self.optimizer is not None else []
+        # Lightning's optimizer_zero_grad override runs in place of the stepper's zero_grad: decided here, once
+        self.zero_grad = self._zero_grad_through_hook if overrides(module, "optimizer_zero_grad", TrainModule) else self._zero_grad
         # Lightning's optimizer_step/configure_gradient_clipping overrides, or an optimizer whose step needs the closure
         # (LBFGS): decided here, once; else the plain path
         self.custom_clipping = overrides(module, "configure_gradient_clipping", TrainModule)
@@ -142,7 +145,7 @@ class TrainBatch:
         if position == 0:  # Lightning's place: the window's first batch, after training_step
             if "on_before_zero_grad" in hooks:
                 hooks["on_before_zero_grad"](self.optimizer)
-            self.stepper.zero_grad(self.inner_optimizer)
+            self.zero_grad(batch_idx)
         if not skip and loss is not None:  # not skipped: the loss is a tensor
             if "on_before_backward" in hooks:
                 hooks["on_before_backward"](loss)
@@ -156,6 +159,14 @@ class TrainBatch:
         if boundary and progress.accumulated:
             self.optimizer_step()
         return output
+
+    def _zero_grad(self, batch_idx: int) -> None:
+        self.stepper.zero_grad(self.inner_optimizer)
+
+    def _zero_grad_through_hook(self, batch_idx: int) -> None:
+        """The module's ``optimizer_zero_grad(epoch, batch_idx, optimizer)``, with the torch optimizer (Lightning hands
+        it the strategy's optimizer, not the step wrapper)."""
+        self.module.optimizer_zero_grad(self.trainer.current_epoch, batch_idx, self.inner_optimizer)
 
     def _automatic_through_hook(self, batch: Any, batch_idx: int, boundary: bool) -> Any:
         """`_automatic` for a module overriding ``optimizer_step`` (or ``configure_gradient_clipping``), as Lightning

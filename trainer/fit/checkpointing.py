@@ -26,6 +26,7 @@ from strategies import checkpoint_io
 from strategies import checkpoint_store as store
 from strategies.checkpoint_io import FORMAT_VERSION, load_weights, read_manifest, verify_checkpoint
 from strategies.checkpoint_io import is_complete as is_complete_checkpoint
+from strategies.lightning_checkpoint import not_converted
 from trainer.accelerator.state import Part, save_state
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ __all__ = ["find_last_checkpoint", "is_complete_checkpoint", "read_manifest", "r
 
 
 # --------------------------------------------------------------------------------------------- saving
-def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_save: bool = False) -> Any:
+def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_save: bool = False, weights_only: bool = False) -> Any:
     """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically (with `async_save`, in
     the background once the state is copied: see `strategies.checkpoint_store`).
 
@@ -47,13 +48,15 @@ def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_
     Args:
         trainer: the `Trainer` (see the attributes contract in ``docs/checkpoints.md``).
         dirpath: the checkpoint directory to create.
+        weights_only: write the model weights and ``hparams.json`` alone (`TrainModule.load_from_checkpoint` and
+            ``validate``/``test``/``predict(ckpt_path=...)`` load it; resuming training from it is refused).
 
     Returns:
         The checkpoint directory, or with `async_save` the `PendingSave` handle of its background write.
     """
     target = Path(dirpath).absolute()
     meta = {"global_step": int(trainer.global_step), "epoch": int(trainer.current_epoch)}
-    pending = save_state(trainer.accelerator, target, meta=meta, async_save=async_save)
+    pending = save_state(trainer.accelerator, target, meta=meta, async_save=async_save, weights_only=weights_only)
     return pending if async_save else target
 
 
@@ -246,8 +249,12 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
     """
     if ckpt_path is None:
         return None
+    resuming = trainer.stage in (None, "fit")
     if ckpt_path == "last":
-        return store.newest_of(_checkpoint_dirs(trainer))
+        found = store.newest_of(_checkpoint_dirs(trainer), resumable=resuming)
+        if found is None and resuming and (weights := store.newest_of(_checkpoint_dirs(trainer))) is not None:
+            store.check_resumable(weights, read_manifest(weights))  # only weights-only checkpoints: say so, not start afresh
+        return found
     if ckpt_path == "best":
         callback = trainer.checkpoint_callback
         best = callback.best_model_path if callback is not None else ""
@@ -259,7 +266,9 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
             )
         ckpt_path = best
     directory = lightning_path(Path(ckpt_path))
-    read_manifest(directory)
+    manifest = read_manifest(directory)
+    if resuming:
+        store.check_resumable(directory, manifest)
     return directory.absolute()
 
 
@@ -278,8 +287,17 @@ def check_weights_only(weights_only: Any, where: str) -> None:
 
 
 def lightning_path(path: Path) -> Path:
-    """Accept the file names Lightning users write: ``<dir>/last.ckpt`` is the newest checkpoint in ``<dir>``,
-    ``<dir>/epoch=3-step=40.ckpt`` the checkpoint directory ``<dir>/epoch=3-step=40``. Other paths are returned as given."""
+    """Accept the file names Lightning users write: ``<dir>/last.ckpt`` is the newest checkpoint in ``<dir>`` (the link
+    the store keeps there, or without it the newest found), ``<dir>/epoch=3-step=40.ckpt`` the checkpoint directory
+    ``<dir>/epoch=3-step=40``. Other paths are returned as given.
+
+    Raises:
+        ValueError: `path` is a file Lightning wrote (a ``.ckpt`` file): the message gives the command converting it.
+    """
+    if path.suffix == ".ckpt" and path.is_file():
+        raise not_converted(path)
+    if store.is_last_link(path) and path.exists():
+        return path.parent / os.readlink(path)
     if path.exists() or path.suffix != ".ckpt":
         return path
     if path.stem == "last":

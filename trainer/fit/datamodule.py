@@ -26,9 +26,10 @@ class DataModule:
     others wait), then ``setup(stage)``, takes the loaders from the ``*_dataloader`` methods, and calls
     ``teardown(stage)`` at the end. ``state_dict``/``load_state_dict`` are saved in checkpoints (JSON data)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Lightning's signature: the arguments are not used
         self.hparams: AttributeDict = AttributeDict()
         self.trainer: Any = None
+        self._log_hyperparams = True
 
     save_hyperparameters = TrainModule.save_hyperparameters
 
@@ -80,6 +81,9 @@ class DataModule:
 
     def predict_dataloader(self) -> Any:
         return None
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a ``fit``/``validate``/``test``/``predict`` fails, after the callbacks' ``on_exception``."""
 
     def state_dict(self) -> dict[str, Any]:
         """What to keep in checkpoints (JSON data)."""

@@ -46,8 +46,8 @@ def to_torchscript(module: TrainModule, file_path: str | os.PathLike[str] | None
     return scripted
 
 
-def to_onnx(module: TrainModule, file_path: str | os.PathLike[str], input_sample: Any, **kwargs: Any) -> Any:
-    """Export `module` to `file_path` with ``torch.onnx.export`` on `input_sample` (or its ``example_input_array``)."""
+def to_onnx(module: TrainModule, file_path: str | os.PathLike[str] | None, input_sample: Any, **kwargs: Any) -> Any:
+    """Export `module` to `file_path` (None: no file) with ``torch.onnx.export`` on `input_sample` (or its ``example_input_array``)."""
     try:
         import onnx  # noqa: F401  (torch's exporter writes through it)
     except ImportError as err:
@@ -57,6 +57,6 @@ def to_onnx(module: TrainModule, file_path: str | os.PathLike[str], input_sample
     inputs = _example(module, input_sample, "to_onnx")
     training = module.training
     try:
-        return torch.onnx.export(module.eval(), inputs, os.fspath(file_path), **kwargs)
+        return torch.onnx.export(module.eval(), inputs, None if file_path is None else os.fspath(file_path), **kwargs)
     finally:
         module.train(training)

@@ -16,6 +16,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
+import shutil
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -83,7 +86,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     one batch ahead: ``end_of_dataloader``), so accumulation, validation and checkpoints treat it as the sized
     loader's last batch.
     """
-    progress, module, results = trainer.fit_progress, trainer.attached_module, trainer._results
+    progress, results = trainer.fit_progress, trainer._results
     stop_agreed = trainer.should_stop  # agreed at the last epoch's end (before any hook of this one); min_epochs/min_steps held it
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
     pending = progress.validation_pending and bool(val_loaders)
@@ -96,7 +99,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     loader = trainer._train_loader
     stream = math.isinf(num_batches(loader))
     batches = _train_batches(trainer, start)
-    module.train()
+    # the module's modes are the user's: no .train() here (Lightning's); an evaluation restores the modes it found
     results.set_context("train", False)
     trainer._dispatch.call("on_train_epoch_start")
     if pending:
@@ -388,6 +391,35 @@ def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -
     if kind != "train":
         return loaders
     return combined if combined is not None else loaders[0]
+
+
+def print_results(results: list[dict[str, float]], stage: str) -> None:
+    """``validate``/``test(verbose=True)``: Lightning's plain-text table of the epoch metrics (its output without
+    ``rich``), one column per loader, as wide as the terminal allows."""
+    results = [{k.split("/dataloader_idx_")[0]: v for k, v in r.items()} for r in results]
+    names = sorted({k for r in results for k in r})
+    if not names:
+        return
+    headers = [f"DataLoader {i}" for i in range(len(results))]
+    term = shutil.get_terminal_size(fallback=(120, 30)).columns or 120
+    width = int(min(max(len(max(names, key=len)), len(max(headers, key=len)), 25), term / 2))
+    rows = [[f"{r[name]}" if name in r else " " for r in results] for name in names]
+    per_table, half = max(int((term - width) / width), 1), int(term / 2)
+    try:
+        bar = ("─" if sys.stdout.encoding is None or "─".encode(sys.stdout.encoding) else "-") * term
+    except UnicodeEncodeError:  # a terminal without the box character
+        bar = "-" * term
+    for start in range(0, len(headers), per_table):
+        shown = headers[start:start + per_table]
+        line = f"{{:^{width}}}" * (len(shown) + 1)
+        lines = [bar, line.format(f"{stage} Metric".capitalize(), *shown).rstrip(), bar]
+        for name, row in zip(names, rows):
+            while len(name) > half:  # a long name takes several lines, the values on each (Lightning's layout)
+                lines.append(line.format(name[:half], *row[start:start + per_table]).rstrip())
+                name = name[half:]
+            lines.append(line.format(name, *row[start:start + per_table]).rstrip())
+        lines.append(bar)
+        print(os.linesep.join(lines))
 
 
 def _to_cpu(output: Any) -> Any:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from callbacks.view import TrainerView
 
 _INTERVALS = ("step", "epoch")
+_BACKWARD_ARGUMENTS = ("gradient", "retain_graph", "create_graph", "inputs")  # Tensor.backward's, in order
 
 
 class AttributeDict(dict):
@@ -207,6 +208,7 @@ class TrainModule(nn.Module):
         self._example_input_array: Any = None
         self._strict_loading: bool | None = None
         self._jit_is_scripting = False  # `to_torchscript` reads every attribute: `trainer` is None then, not an error
+        self._log_hyperparams = True  # `save_hyperparameters(logger=False)` keeps them from the trackers
 
     @property
     def example_input_array(self) -> Any:
@@ -285,24 +287,46 @@ class TrainModule(nn.Module):
         """The current epoch (0 outside a run)."""
         return self._trainer.current_epoch if self._trainer is not None else 0
 
-    # steps
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        """Return the loss (a tensor), a dict with a ``"loss"`` key, or None to skip this batch."""
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Define it: what ``self(...)`` computes (``nn.Module``'s error when it is not defined)."""
+        return super().forward(*args, **kwargs)
+
+    # steps: the Trainer calls them as ``(batch, batch_idx)``, plus ``dataloader_idx`` with several evaluation loaders
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``training_step(batch, batch_idx)``: return the loss (a tensor), a dict with a ``"loss"`` key, or None to skip this batch."""
         raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx) to be fitted")
 
-    def validation_step(self, batch: Any, batch_idx: int) -> Any:
-        """Compute and ``self.log`` validation metrics for one batch."""
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``validation_step(batch, batch_idx)``: compute and ``self.log`` validation metrics for one batch."""
         raise NotImplementedError(f"{type(self).__name__} must implement validation_step(batch, batch_idx) to be validated")
 
-    def test_step(self, batch: Any, batch_idx: int) -> Any:
-        """Compute and ``self.log`` test metrics for one batch."""
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``test_step(batch, batch_idx)``: compute and ``self.log`` test metrics for one batch."""
         raise NotImplementedError(f"{type(self).__name__} must implement test_step(batch, batch_idx) to be tested")
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        """Return the predictions for one batch (default: ``self(batch)``, or ``self(batch[0])`` for (x, y) pairs)."""
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``predict_step(batch, batch_idx)``: return the predictions for one batch (default: ``self(batch)``, or
+        ``self(batch[0])`` for (x, y) pairs)."""
+        batch = kwargs["batch"] if "batch" in kwargs else args[0]
         if isinstance(batch, (list, tuple)) and len(batch) >= 1:
             return self(batch[0])
         return self(batch)
+
+    # data: the Trainer uses loaders passed to it, else the datamodule's, else these (None: none)
+    def prepare_data(self) -> None:
+        """Download or write data to disk: once per machine (local rank 0, the others wait), before ``setup``."""
+
+    def train_dataloader(self) -> Any:
+        return None
+
+    def val_dataloader(self) -> Any:
+        return None
+
+    def test_dataloader(self) -> Any:
+        return None
+
+    def predict_dataloader(self) -> Any:
+        return None
 
     def configure_model(self) -> None:
         """Build the layers here instead of in ``__init__`` to have them built where the strategy wants (Lightning's hook).
@@ -312,6 +336,9 @@ class TrainModule(nn.Module):
         meta device, so each process then initializes only its shards. It may run again on the same module (a later
         ``test`` after ``fit``): return early when the layers exist (``if self.model is not None: return``).
         """
+
+    def configure_sharded_model(self) -> None:
+        """Lightning's deprecated name of `configure_model`: called in its place, with a ``DeprecationWarning``."""
 
     def configure_optimizers(self) -> Any:
         """Return the optimizer(s) and scheduler(s); see `parse_optimizers` for the accepted forms."""
@@ -342,6 +369,17 @@ class TrainModule(nn.Module):
         `configure_gradient_clipping`) is stepped by the Trainer directly, without the closure.
         """
         optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Zero the gradients, on the first batch of each accumulation window after ``training_step`` (automatic
+        optimization). Override it to change how (Lightning's hook)::
+
+            def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+                optimizer.zero_grad(set_to_none=False)
+
+        A module that does not override it keeps the Trainer's own zeroing (to None).
+        """
+        optimizer.zero_grad()
 
     def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
@@ -428,20 +466,36 @@ class TrainModule(nn.Module):
         if self._trainer is None or self._trainer.is_global_zero:
             print(*args, **kwargs)
 
-    def all_gather(self, data: Any) -> Any:
-        """Gather tensors from every process, stacked along a new dim 0 (unchanged in one process)."""
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Gather tensors from every process, stacked along a new dim 0 (unchanged in one process).
+
+        `group` and `sync_grads` are Lightning's: only the default group (None) is offered, and ``sync_grads=True``
+        (gradients flowing back through the gather) only in one process, where nothing is gathered.
+        """
         trainer = self.trainer
+        if group is not None:
+            raise NotImplementedError(
+                f"all_gather(..., group={group!r}): gathering over a sub-group is not offered; leave group=None (every process)"
+            )
         if trainer.world_size == 1:
             return data
+        if sync_grads:
+            raise NotImplementedError(
+                "all_gather(..., sync_grads=True) on several processes is not offered: the gathered tensors carry no gradient. "
+                "Use torch.distributed.nn.functional.all_gather for a differentiable gather"
+            )
         from strategies.collectives import apply_to_tensors  # lazy: `from trainer import TrainModule` loads no strategies module
 
         return apply_to_tensors(lambda t: trainer.accelerator.gather(t.unsqueeze(0)), data)
 
     # optimizers
-    def optimizers(self) -> Any:
-        """The prepared optimizer (or a list, when there are several)."""
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The prepared optimizer (or a list, when there are several); in manual optimization each wrapped so that
+        ``opt.step()`` runs the step hooks and counts `global_step` (``use_pl_optimizer=False``: the prepared optimizers
+        themselves, as Lightning)."""
         trainer = self.trainer
-        opts = [ManualOptimizer(o, trainer) for o in trainer.optimizers] if not self.automatic_optimization else trainer.optimizers
+        wrap = use_pl_optimizer and not self.automatic_optimization
+        opts = [ManualOptimizer(o, trainer) for o in trainer.optimizers] if wrap else trainer.optimizers
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -451,10 +505,17 @@ class TrainModule(nn.Module):
             return None
         return scheds[0] if len(scheds) == 1 else scheds
 
-    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backward for manual optimization (through the Accelerator: loss scaling, DDP sync)."""
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward for manual optimization (through the Accelerator: loss scaling, DDP sync); `args` and `kwargs` are
+        ``Tensor.backward``'s (``gradient``, ``retain_graph``, ``create_graph``, ``inputs``)."""
         if self.automatic_optimization:
             raise RuntimeError("manual_backward is for manual optimization; set self.automatic_optimization = False in __init__")
+        if len(args) > len(_BACKWARD_ARGUMENTS):
+            raise TypeError(f"manual_backward(loss, *{args!r}): Tensor.backward takes at most {_BACKWARD_ARGUMENTS} after the loss")
+        for name, value in zip(_BACKWARD_ARGUMENTS, args):
+            if name in kwargs:
+                raise TypeError(f"manual_backward got {name!r} both by position and by name")
+            kwargs[name] = value
         self.trainer.manual_backward(loss, **kwargs)
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None) -> None:
@@ -592,18 +653,39 @@ class TrainModule(nn.Module):
         return batch
 
     # hyperparameters and checkpoints
-    def save_hyperparameters(self, *names: str, ignore: Sequence[str] | str | None = None) -> None:
+    def save_hyperparameters(self, *names: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
         """Store the arguments of the calling ``__init__`` in ``self.hparams`` (and in checkpoints).
 
         Args:
-            names: save only these arguments (all by default).
+            names: save only these arguments (all by default); or one mapping (a dict, an ``argparse.Namespace``) to
+                save as it is, as Lightning.
             ignore: arguments to leave out (e.g. a large tensor or a sub-module).
+            frame: where the search for the ``__init__`` arguments starts (Lightning's; default: the caller): the
+                first ``__init__`` of this object above it, and the ``__init__`` calls of subclasses around that.
+            logger: ``False`` keeps them from the trackers (they are still saved in checkpoints).
         """
+        if not isinstance(logger, bool):
+            raise TypeError(f"save_hyperparameters(logger={logger!r}) must be True or False")
+        self._log_hyperparams = logger
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+        if len(names) == 1 and not isinstance(names[0], str):
+            given = vars(names[0]) if hasattr(names[0], "__dict__") and not isinstance(names[0], Mapping) else names[0]
+            if not isinstance(given, Mapping):
+                raise TypeError(f"save_hyperparameters({names[0]!r}): pass argument names, or one dict or argparse.Namespace")
+            self.hparams.update({k: v for k, v in given.items() if k not in ignored})
+            return
         collected: dict[str, Any] = {}
-        frame = inspect.currentframe()
-        frame = frame.f_back if frame is not None else None
-        while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
+        if frame is None:
+            frame = inspect.currentframe()
+            frame = frame.f_back if frame is not None else None
+
+        def own_init(f: Any) -> bool:
+            return f.f_code.co_name == "__init__" and f.f_locals.get("self") is self
+
+        while frame is not None and not own_init(frame):  # Lightning's walk: up to this object's first __init__ ...
+            frame = frame.f_back
+        while frame is not None and own_init(frame):  # ... then through the __init__ calls of its classes
             collected = {**_init_arguments(frame), **collected}
             frame = frame.f_back
         del frame
@@ -627,23 +709,26 @@ class TrainModule(nn.Module):
 
         return to_torchscript(self, file_path, method, example_inputs, **kwargs)
 
-    def to_onnx(self, file_path: str | os.PathLike[str], input_sample: Any = None, **kwargs: Any) -> Any:
+    def to_onnx(self, file_path: str | os.PathLike[str] | None = None, input_sample: Any = None, **kwargs: Any) -> Any:
         """Export this module to ONNX (``torch.onnx.export`` on `input_sample` or `example_input_array`, in eval mode;
-        `kwargs` go to the exporter); Lightning's method. Needs the ``onnx`` package."""
+        `kwargs` go to the exporter); Lightning's method. Needs the ``onnx`` package. Without `file_path` nothing is
+        written (``torch.onnx.export(..., dynamo=True)`` returns the program)."""
         from trainer.fit.export import to_onnx  # lazy: `from trainer import TrainModule` loads no exporter
 
         return to_onnx(self, file_path, input_sample, **kwargs)
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, strict: bool | None = None,
-        weights_only: bool | None = None, **overrides: Any
+        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, hparams_file: str | os.PathLike[str] | None = None,
+        strict: bool | None = None, weights_only: bool | None = None, **overrides: Any
     ) -> TrainModule:
         """Rebuild a module from a checkpoint directory: its saved hyperparameters, then its weights.
 
         Args:
             checkpoint_path: a checkpoint directory (or its ``model.safetensors``).
             map_location: device to load the weights to (CPU by default).
+            hparams_file: a YAML file of hyperparameters (such as the ``hparams.yaml`` a tracker wrote) that replace the
+                saved ones of the same name, as Lightning's.
             strict: require the checkpoint's keys to match the module's exactly (None: the module's `strict_loading`).
             weights_only: Lightning 2.6's argument: None or True (nothing is unpickled here); False is refused.
             overrides: constructor arguments that replace saved hyperparameters.
@@ -657,7 +742,7 @@ class TrainModule(nn.Module):
         if directory.is_file():
             directory = directory.parent
         checkpointing.verify_checkpoint(directory)
-        hparams = {**checkpointing.load_hparams(directory), **overrides}
+        hparams = {**checkpointing.load_hparams(directory), **_hparams_from_file(hparams_file), **overrides}
         try:
             module = cls(**hparams)
         except TypeError as err:
@@ -670,6 +755,23 @@ class TrainModule(nn.Module):
         load_weights(directory, module, device="cpu" if map_location is None else map_location,
                      strict=module.strict_loading if strict is None else strict)
         return module
+
+
+def _hparams_from_file(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """``load_from_checkpoint(hparams_file=...)``: the mapping in a YAML file (nothing without a path)."""
+    if path is None:
+        return {}
+    if Path(path).suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): pass a .yaml or .yml file (a .csv of tags is not read here)")
+    import yaml  # lazy: only this argument reads YAML
+
+    with open(path, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"load_from_checkpoint(hparams_file={str(path)!r}): the file holds {type(data).__name__}, not a mapping of hyperparameters")
+    return data
 
 
 def _init_arguments(frame: Any) -> dict[str, Any]:

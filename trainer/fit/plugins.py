@@ -1,4 +1,6 @@
-"""Lightning's ``Trainer(plugins=[...])``: the one plugin whose work is not an argument here.
+"""Lightning's ``Trainer(plugins=[...])``: ``AsyncCheckpointIO``, and the precision plugins of `trainer.plugins`
+(``MixedPrecision``, ``HalfPrecision``, ``DoublePrecision``, ``FSDPPrecision``, ``DeepSpeedPrecision``), which name
+the precision as ``Trainer(precision=...)`` does (the strategy builds the precision object for its device).
 
 ``AsyncCheckpointIO()`` makes the Trainer's checkpoints asynchronous. It is not Lightning's thread around a
 ``torch.save`` of the live state (which can write tensors the next step is already changing): the step copies the
@@ -30,21 +32,89 @@ class AsyncCheckpointIO:
         return "AsyncCheckpointIO()"
 
 
-def check_plugins(plugins: Any) -> bool:
-    """Check ``Trainer(plugins=...)``; return whether checkpoints are saved in the background."""
+def check_plugins(plugins: Any, precision: Any = None) -> tuple[Any, bool]:
+    """Check ``Trainer(plugins=...)`` beside ``Trainer(precision=...)``; return the precision to use (`precision`, or
+    the mode of a precision plugin: ``MixedPrecision("bf16-mixed", "cpu")`` is ``precision="bf16-mixed"``) and whether
+    checkpoints are saved in the background. As in Lightning, a precision plugin and `precision` together, or two
+    plugins of one kind, are an error."""
     if plugins is None:
-        return False
+        return precision, False
+    from strategies.precision import Precision  # lazy: `import trainer` loads no strategies module
+
     listed = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
-    async_save = False
+    async_save, precision_plugins = False, []
     for plugin in listed:
         if isinstance(plugin, AsyncCheckpointIO):
+            if async_save:
+                raise ValueError("Trainer(plugins=[...]) holds AsyncCheckpointIO() twice; pass it once (as in Lightning)")
             async_save = True
+        elif isinstance(plugin, Precision):
+            precision_plugins.append(plugin)
         elif isinstance(plugin, str):
-            raise ValueError(f"Trainer(plugins=[{plugin!r}]): plugins are given as objects here; use AsyncCheckpointIO()")
+            raise ValueError(f"Trainer(plugins=[{plugin!r}]): plugins are given as objects here; use AsyncCheckpointIO() or a "
+                             "precision plugin (MixedPrecision, HalfPrecision, DoublePrecision, ...)")
         else:
             raise ValueError(
-                f"Trainer(plugins=[{type(plugin).__name__}(...)]) is not supported: AsyncCheckpointIO() is the one plugin here; "
-                "precision is Trainer(precision=...), the cluster is detected (or set by `trainer launch`), and checkpoints "
-                "have one format"
+                f"Trainer(plugins=[{type(plugin).__name__}(...)]) is not supported: the plugins here are AsyncCheckpointIO() "
+                "and the precision plugins of trainer.plugins (MixedPrecision, HalfPrecision, DoublePrecision, FSDPPrecision, "
+                "DeepSpeedPrecision); the cluster is detected (or set by `trainer launch`), and checkpoints have one format"
             )
-    return async_save
+    if len(precision_plugins) > 1:
+        raise ValueError(f"Trainer(plugins=[...]) holds {len(precision_plugins)} precision plugins "
+                         f"({', '.join(type(p).__name__ for p in precision_plugins)}); pass one (as in Lightning)")
+    if precision_plugins:
+        plugin = precision_plugins[0]
+        if precision is not None:
+            raise ValueError(f"Received both precision={precision!r} and plugins=[{plugin_repr(plugin)}]; choose one (as in "
+                             "Lightning): the plugin says the precision itself")
+        _check_plain(plugin)
+        precision = plugin.mode
+    return precision, async_save
+
+
+_SHIPPED = ("strategies.precision", "trainer.plugins.precision")  # where the precision plugins we ship live
+
+
+def plugin_repr(plugin: Any) -> str:
+    return f"{type(plugin).__name__}({plugin.mode!r})"
+
+
+def _check_plain(plugin: Any) -> None:
+    """A precision plugin is read for its mode: a subclass that changes what the precision does would be run without
+    its changes, so it is refused."""
+    if type(plugin).__module__ not in _SHIPPED:
+        raise ValueError(
+            f"Trainer(plugins=[{type(plugin).__name__}(...)]): a precision plugin here only names the precision; a subclass "
+            "with its own methods would run without them. Set it on a strategy instance instead "
+            "(strategy = SingleDeviceStrategy(); strategy.precision = MyPrecision(...); Trainer(strategy=strategy))"
+        )
+
+
+def apply_precision_plugin(plugins: Any, precision: Any) -> None:
+    """After the strategy built its precision (`precision`, for the run's device) from a precision plugin's mode: the
+    plugin's loss scaler (``MixedPrecision("16-mixed", "cuda", scaler=GradScaler(...))``) replaces the default one, an
+    ``FSDPPrecision(mode, policy=...)``'s policy is FSDP's, and a plugin made for another device type is an error (Lightning would autocast for that device only)."""
+    if plugins is None:
+        return
+    from strategies.precision import FSDPPrecision, Precision  # lazy: as in check_plugins
+
+    plugin = next((p for p in (plugins if isinstance(plugins, (list, tuple)) else [plugins]) if isinstance(p, Precision)), None)
+    if plugin is None:
+        return
+    device = getattr(precision, "device", None)
+    if plugin.mode in ("fp16", "bf16") and device is not None and plugin.device.type != device.type:
+        raise ValueError(
+            f"Trainer(plugins=[MixedPrecision({plugin.mode!r}, device={plugin.device.type!r})]) but this Trainer runs on "
+            f"{device.type!r}: autocast would cover the other device only. Pass device={device.type!r}"
+        )
+    if isinstance(plugin, FSDPPrecision) and plugin.policy is not None:  # our FSDPPrecision's own MixedPrecisionPolicy
+        if not isinstance(precision, FSDPPrecision):
+            raise ValueError(f"Trainer(plugins=[FSDPPrecision(..., policy=...)]): a MixedPrecisionPolicy is for strategy='fsdp', "
+                             f"but this Trainer's strategy has a {type(precision).__name__}; drop the policy or use FSDP")
+        precision.policy = plugin.policy
+    scaler = getattr(plugin, "custom_scaler", None)
+    if scaler is not None:
+        if getattr(precision, "scaler", None) is None:
+            raise ValueError(f"MixedPrecision(..., scaler=...) needs a precision with loss scaling, but the strategy's "
+                             f"{type(precision).__name__} has none; drop the scaler")
+        precision.scaler = scaler

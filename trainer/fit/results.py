@@ -263,6 +263,9 @@ class ResultsStore:
         keep it as the step value (`on_step`). A repeated call runs only this (a step value: four writes).
         With `keep_graph` the step value keeps its autograd graph; the accumulator gets it detached."""
         metrics, logged, shown = self.callback_metrics, self.logged_metrics, self.progress_bar_metrics  # cleared, never replaced
+        # Lightning's rule: callback_metrics take step values in training only; an evaluation value reaches them as its
+        # epoch value (``val_loss``, ``val_loss_epoch``), never as ``val_loss_step``
+        to_callbacks = self.stage == "train"
 
         def record(value: Any) -> None:
             if accumulate:
@@ -270,7 +273,8 @@ class ResultsStore:
                 entry.accumulate(total, batch_size or (self._current_batch_size() if entry.reduce_fx == "mean" else 1))
             if on_step:
                 entry.step_value, entry.step_dirty = value, True
-                metrics[step_key] = metrics[name] = value
+                if to_callbacks:
+                    metrics[step_key] = metrics[name] = value
                 if logger:  # kept after the epoch, as in Lightning (a tensor: no host sync per step)
                     logged[step_key] = value
                 if prog_bar:
@@ -295,18 +299,22 @@ class ResultsStore:
         return float(value)
 
     # reduction
-    def _agree(self, local: dict[str, str]) -> tuple[dict[str, str], set[str]]:
-        """The union over ranks of ``{name: kind}`` (sorted, identical on every rank) and the names some rank lacks."""
+    def _agree(self, local: dict[str, str], about: dict[str, Any] | None = None) -> tuple[dict[str, str], set[str], dict[str, Any]]:
+        """The union over ranks of ``{name: kind}`` (sorted, identical on every rank), the names some rank lacks, and
+        the union of `about` (what a rank that lacks a name needs to know of it; the first rank that has it says)."""
         if self.world_size == 1:
-            return dict(sorted(local.items())), set()
+            return dict(sorted(local.items())), set(), dict(about or {})
         merged: dict[str, str] = {}
-        per_rank = self._gather_object(dict(local))
-        for rank_items in per_rank:
+        told: dict[str, Any] = {}
+        per_rank = self._gather_object((dict(local), about or {}))
+        for rank_items, rank_about in per_rank:
             for name, kind in rank_items.items():
                 if merged.setdefault(name, kind) != kind:
                     raise ValueError(f"{name!r} was logged with reduce_fx={kind!r} on one process and {merged[name]!r} on another")
-        missing = {name for name in merged if any(name not in rank_items for rank_items in per_rank)}
-        return dict(sorted(merged.items())), missing
+            for name, value in rank_about.items():
+                told.setdefault(name, value)
+        missing = {name for name in merged if any(name not in rank_items for rank_items, _ in per_rank)}
+        return dict(sorted(merged.items())), missing, told
 
     def _reduce_values(self, pairs: dict[str, tuple[str, Any, Any]]) -> dict[str, Any]:
         """Reduce ``{name: (kind, a, b)}`` across ranks: a mean is ``sum(a) / sum(b)``; None means absent."""
@@ -335,7 +343,7 @@ class ResultsStore:
         entries = self._entries.get(stage, {})
         dirty = {n: e for n, e in entries.items() if e.on_step and e.step_dirty}
         sync = stage == "train"
-        synced, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None}) if sync else ({}, set())
+        synced, _, _ = self._agree({n: "mean" for n, e in dirty.items() if e.sync_dist and e.metric is None}) if sync else ({}, set(), {})
         # the agreed names are the same on every rank: all of them reduce, or none does
         reduced = self._reduce_values({n: ("mean", dirty[n].step_value, 1.0) if n in dirty else ("mean", None, None) for n in synced}) if synced else {}
         values: dict[str, Any] = {}
@@ -358,9 +366,12 @@ class ResultsStore:
             `logged_metrics` and `progress_bar_metrics` are updated.
         """
         entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch and e.epoch_end == epoch_end}
-        local = {n: "metric" if e.metric is not None else e.reduce_fx for n, e in entries.items()
-                 if e.metric is not None or (e.sync_dist and e.updates > 0)}
-        agreed, missing = self._agree(local)
+        local = {n: "metric" if e.metric is not None else e.reduce_fx for n, e in entries.items() if e.metric is not None or e.updates > 0}
+        # what a process that logged nothing under a name (no batch of this loop: evaluation is never padded here) needs
+        # to file the others' value: synced?, its epoch key, progress bar?, loggers?
+        about = {n: (entries[n].sync_dist, entries[n].forked(n, "epoch") if entries[n].on_step else n, entries[n].prog_bar,
+                     entries[n].logger) for n in local}
+        agreed, missing, told = self._agree(local, about)
         lacking = sorted(n for n in missing if agreed[n] == "metric")
         if lacking:
             raise RuntimeError(
@@ -371,29 +382,31 @@ class ResultsStore:
         for name in (n for n, kind in agreed.items() if kind == "metric"):
             values[name] = entries[name].metric.compute()
             entries[name].metric.reset()
+        # reduced across processes: the synced names and, in evaluation, a name some process logged nothing under (it
+        # ran no batch: it takes the others' value, so a monitor finds the name on every process)
+        fill = missing if stage != "train" else set()
         to_reduce = {}
         for name, kind in agreed.items():
-            if kind != "metric":
+            if kind != "metric" and (told[name][0] or name in fill):
                 entry = entries.get(name)
                 if entry is not None and entry.updates > 0:
                     to_reduce[name] = (kind, entry.total, entry.weight if kind == "mean" else 1.0)
                 else:
                     to_reduce[name] = (kind, None, None)
-        values.update(self._reduce_values(to_reduce))
+        reduced = self._reduce_values(to_reduce) if to_reduce else {}
+        values.update({n: v for n, v in reduced.items() if told[n][0] or n not in entries or entries[n].updates == 0})
         for name, entry in entries.items():
             if name not in values and entry.updates > 0 and entry.metric is None:
                 values[name] = entry.total / entry.weight if entry.reduce_fx == "mean" else entry.total
             entry.reset_epoch()
-        floats = self._to_floats({(entries[n].forked(n, "epoch") if entries[n].on_step else n): v for n, v in values.items() if n in entries})
+        floats = self._to_floats({told[n][1]: v for n, v in values.items()})
         out: dict[str, float] = {}
-        for name, entry in entries.items():
-            key = entry.forked(name, "epoch") if entry.on_step else name
-            if key not in floats:
-                continue
+        for name in [n for n in entries if n in values] + [n for n in values if n not in entries]:
+            _, key, prog_bar, logger = told[name]
             self.callback_metrics[key] = self.callback_metrics[name] = floats[key]
-            if entry.prog_bar:
+            if prog_bar:
                 self.progress_bar_metrics[key] = floats[key]
-            if entry.logger:
+            if logger:
                 out[key] = floats[key]
         self.logged_metrics.update(out)
         return floats, out

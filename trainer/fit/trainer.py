@@ -44,10 +44,12 @@ from trainer.fit.checkpointing import (
 from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.dispatch import HookDispatcher, order_callbacks, with_module_callbacks
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
+from trainer.fit.plugins import apply_precision_plugin
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, build_profiler, profile
 from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
 from trainer.fit.transfer import moves_batches_itself
+from trainer.fit.tuner import TunerExit, run_finder
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -73,8 +75,9 @@ class Trainer:
             precision ``"bf16-true"``, ``"16-true"``/``"fp16-true"``, ``"64-true"``/``64``/``"double"``
             (default: full precision, or ``TRAINWRIGHT_MIXED_PRECISION``).
         max_epochs: stop after this many epochs (the first of `max_epochs` and `max_steps` reached wins).
-        max_steps: stop after this many optimizer steps.
-        accumulate_grad_batches: batches per optimizer step.
+        max_steps: stop after this many optimizer steps (-1, the default, or None: no step limit).
+        accumulate_grad_batches: batches per optimizer step, or ``{epoch: batches}`` from those epochs on (a
+            `GradientAccumulationScheduler` is added to the callbacks; epochs before the first key: 1).
         gradient_clip_val: clip gradients to this before each step (None: no clipping).
         gradient_clip_algorithm: ``"norm"`` (the total norm) or ``"value"`` (each element).
         callbacks: `Callback` objects, called in list order before the module's hooks (Lightning's order).
@@ -139,7 +142,13 @@ class Trainer:
             `detect_anomaly`, `profiler`, is an error.
         plugins: Lightning's plugins; ``AsyncCheckpointIO()`` (`trainer.fit.plugins`) makes the Trainer's checkpoints
             asynchronous: written in the background once the state is copied (``ModelCheckpoint(async_save=...)`` per
-            callback). Other plugins are refused with the argument that does their work here.
+            callback). A precision plugin of `trainer.plugins` (``MixedPrecision("bf16-mixed", "cuda")``,
+            ``HalfPrecision``, ``DoublePrecision``, ``FSDPPrecision``, ``DeepSpeedPrecision``) is `precision` said
+            another way (both together are an error, as in Lightning); ``MixedPrecision(..., scaler=)`` brings its loss
+            scaler. Other plugins are refused with the argument that does their work here.
+        enable_autolog_hparams: ``True``: the trackers record the module's and the DataModule's ``hparams`` when a run
+            starts (each unless it called ``save_hyperparameters(logger=False)``); ``False``: they record none.
+        model_registry: Lightning.ai's model registry upload; only None (not offered here).
     """
 
     def __init__(
@@ -149,8 +158,8 @@ class Trainer:
         devices: int | str = "auto",
         precision: str | int | None = None,
         max_epochs: int | None = None,
-        max_steps: int | None = None,
-        accumulate_grad_batches: int = 1,
+        max_steps: int | None = -1,
+        accumulate_grad_batches: int | dict[int, int] = 1,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str = "norm",
         callbacks: Sequence[Callback] | Callback | None = None,
@@ -191,9 +200,12 @@ class Trainer:
         max_time: str | timedelta | dict[str, int] | None = None,
         barebones: bool = False,
         plugins: Any = None,
+        enable_autolog_hparams: bool = True,
+        model_registry: str | None = None,
     ) -> None:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
+        self.enable_autolog_hparams = args.enable_autolog_hparams  # read by the trackers when a run starts
         self.max_epochs, self.max_steps = args.max_epochs, args.max_steps
         self.min_epochs, self.min_steps, self.barebones = args.min_epochs, args.min_steps, args.barebones
         self.gradient_clip_val, self.gradient_clip_algorithm = args.gradient_clip_val, args.gradient_clip_algorithm
@@ -202,6 +214,9 @@ class Trainer:
         self.num_sanity_val_steps, self.log_every_n_steps = args.num_sanity_val_steps, args.log_every_n_steps
         self.project_dir = str(Path(args.project_dir))
         self.fit_progress = LoopProgress()  # where the fit is: advanced by the loops, saved and restored by checkpoints
+        # 1 after a fit that max_steps ended mid-epoch: Lightning counts that epoch in current_epoch, while the loop
+        # position keeps it open (a resume continues it)
+        self._epoch_cut_short = 0
         self.stage: str | None = None
         self.sanity_checking = False
         self.training = False
@@ -215,6 +230,8 @@ class Trainer:
         self._prepared_for: int | None = None
         self._compile_ctx: Any = None  # the dynamo context of a torch.compile(module) passed to fit/validate/...
         self._train_loader: Any = None
+        self._fit_sources: tuple[Any, Any] = (None, None)  # the loaders passed to the running fit (None: the module's/datamodule's)
+        self._fit_loaders_stale = False  # a BatchSizeFinder changed the batch size in on_fit_start: build the loaders again
         self._warned_skip = False  # training_step returned None: warned once per fit
         self._warned_nonfinite = False  # a non-finite training value was read (logged or shown): warned once per fit
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
@@ -237,6 +254,7 @@ class Trainer:
         self._accelerator: Accelerator | None = None if args.launch_processes else build_accelerator(args)
         if self._accelerator is not None:
             self._accelerator.checkpoint_parts.extend(trainer_parts(self))  # its state goes into every checkpoint
+            apply_precision_plugin(plugins, self._accelerator.strategy.precision)
         acc = self._accelerator
         if args.sync_batchnorm and acc is not None and self.world_size > 1 and acc.device.type == "cpu":
             raise ValueError(
@@ -345,7 +363,7 @@ class Trainer:
 
     @property
     def current_epoch(self) -> int:
-        return int(self.fit_progress.epoch)
+        return int(self.fit_progress.epoch) + self._epoch_cut_short
 
     @property
     def should_stop(self) -> bool:
@@ -397,6 +415,11 @@ class Trainer:
         return str(Path(self.project_dir) / "logs")
 
     @property
+    def train_dataloader(self) -> Any:
+        """The training loader of the running ``fit`` (prepared: sharded, on the device), None outside one; Lightning's."""
+        return self._train_loader
+
+    @property
     def estimated_stepping_batches(self) -> int | float:
         """Optimizer steps the whole ``fit`` will take (from the train loader length, epochs and max_steps).
 
@@ -416,16 +439,26 @@ class Trainer:
         if self.is_global_zero:
             print(*args, **kwargs)
 
-    def save_checkpoint(self, dirpath: str | os.PathLike[str], *, async_save: bool | None = None) -> Any:
+    def save_checkpoint(
+        self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: Any = None, *, async_save: bool | None = None,
+    ) -> Any:
         """Write a complete checkpoint directory, atomically. Every process must call it.
 
+        ``weights_only=True`` (Lightning's) writes the model weights and hyperparameters alone: they load with
+        ``load_from_checkpoint`` and ``validate/test/predict(ckpt_path=...)``, and resuming training from them is refused.
         ``async_save=True`` returns once the state is copied out of the training tensors (a handle, see
         `strategies.checkpoint_store.PendingSave`) and writes it in the background; None: asynchronous when the
         Trainer has ``plugins=[AsyncCheckpointIO()]``. The next save, ``fit``'s end and a preemption wait for it.
         """
         if async_save is not None and not isinstance(async_save, bool):
             raise TypeError(f"save_checkpoint(async_save={async_save!r}) must be True, False or None (the Trainer's default)")
-        return save_checkpoint(self, dirpath, async_save=self._args.async_checkpoint if async_save is None else async_save)
+        if not isinstance(weights_only, bool):
+            raise TypeError(f"save_checkpoint(weights_only={weights_only!r}) must be True or False")
+        if storage_options is not None:
+            raise TypeError(f"save_checkpoint(storage_options={storage_options!r}): checkpoints are written to a local or mounted "
+                            "directory here, through no remote-storage layer; leave storage_options out")
+        return save_checkpoint(self, dirpath, async_save=self._args.async_checkpoint if async_save is None else async_save,
+                               weights_only=weights_only)
 
     @property
     def checkpoints(self) -> CheckpointStore:
@@ -464,10 +497,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ entry points
     def fit(
-        self, module: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
+        self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
         ckpt_path: str | None = None, weights_only: bool | None = None,
     ) -> None:
-        """Train `module`, validating as configured; resume from `ckpt_path` ("last", "best" or a directory).
+        """Train `model` (a `TrainModule`), validating as configured; resume from `ckpt_path` ("last", "best" or a directory).
 
         The loaders come from the arguments, else from `datamodule` (a `DataModule`), else from the module's
         ``*_dataloader()`` methods. `weights_only` is Lightning 2.6's: None or True (nothing is unpickled here); False
@@ -475,7 +508,7 @@ class Trainer:
         """
         check_weights_only(weights_only, "fit")
         _one_data_source(datamodule, train_dataloaders, val_dataloaders)
-        module = self._unwrap_compiled(module)
+        module = self._unwrap_compiled(model)
         if self._accelerator is None:
             launch_processes(self._args)
         if self.profiler is not None:  # files named by rank when there are several (Lightning: by local rank)
@@ -492,25 +525,33 @@ class Trainer:
             self.profiler.describe()
 
     def validate(
-        self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
+        self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
         datamodule: Any = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
-        """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
+        """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics (`verbose`: also printed
+        as a table, on the main process, as Lightning's)."""
         check_weights_only(weights_only, "validate")
         _one_data_source(datamodule, dataloaders)
-        return cast(list[dict[str, float]], self._run("validate", module, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule))
+        results = cast(list[dict[str, float]], self._run("validate", model, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule))
+        if verbose and results and self.is_global_zero:  # None: a batch-size search ended the run
+            loops.print_results(results, "validate")
+        return results
 
     def test(
-        self, module: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
+        self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
         datamodule: Any = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
-        """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics."""
+        """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics (`verbose`: also printed as a
+        table, on the main process, as Lightning's)."""
         check_weights_only(weights_only, "test")
         _one_data_source(datamodule, dataloaders)
-        return cast(list[dict[str, float]], self._run("test", module, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule))
+        results = cast(list[dict[str, float]], self._run("test", model, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule))
+        if verbose and results and self.is_global_zero:  # None: a batch-size search ended the run
+            loops.print_results(results, "test")
+        return results
 
     def predict(
-        self, module: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None,
+        self, model: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None,
         return_predictions: bool | None = None, ckpt_path: str | None = None, weights_only: bool | None = None,
     ) -> list[Any] | None:
         """Return ``predict_step``'s output for every batch, in dataset order, each sample once (all processes).
@@ -523,11 +564,14 @@ class Trainer:
             raise TypeError(f"predict(..., return_predictions={return_predictions!r}) must be None, True or False")
         _one_data_source(datamodule, dataloaders)
         keep = return_predictions is not False
-        return cast("list[Any] | None", self._run("predict", module, lambda: self._evaluate("predict", dataloaders, ckpt_path, keep), datamodule))
+        return cast("list[Any] | None", self._run("predict", model, lambda: self._evaluate("predict", dataloaders, ckpt_path, keep), datamodule))
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
         self.fit_progress.reset()
+        self._epoch_cut_short = 0
+        self._release_previous_fit()
+        self._fit_sources, self._fit_loaders_stale = (train_dataloaders, val_dataloaders), False
         self._warned_skip = self._warned_nonfinite = False
         self.nonfinite_skipped = 0
         self._moves_batches = moves_batches_itself(self)
@@ -537,6 +581,8 @@ class Trainer:
         if self._args.reload_dataloaders_every_n_epochs and self.current_epoch != built_at:
             val_loaders = self._reload_resumed(module, train_dataloaders, val_dataloaders)
         self._dispatch.call("on_fit_start")
+        if self._fit_loaders_stale:  # a BatchSizeFinder set a new batch size (trainer.fit.batch_size_scaling)
+            val_loaders, self._fit_loaders_stale = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True), False
         module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
         if val_loaders and self.num_sanity_val_steps != 0 and self.global_step == 0:
             loops.sanity_check(self, val_loaders)
@@ -554,6 +600,7 @@ class Trainer:
             if preemption.due(self):
                 preemption.checkpoint_and_exit(self)
         self.training = False
+        self._epoch_cut_short = int(self.fit_progress.batches_done_in_epoch > 0)  # open only when max_steps ended it
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
@@ -602,6 +649,17 @@ class Trainer:
         self._val_limits = [loops.limit_batches(loops.num_batches(loader), limit, "limit_val_batches") for loader in val_loaders or []]
         self.num_val_batches = _one_or_list(self._val_limits)
         return val_loaders
+
+    def _release_previous_fit(self) -> None:
+        """A later ``fit`` of this Trainer (after ``Tuner.lr_find``, or to train on) starts clean: the optimizers, schedulers
+        and train loader the previous one prepared leave the accelerator, so checkpoints hold this fit's alone."""
+        acc, old = self.accelerator, self._train_loader
+        acc._optimizers[:] = [o for o in acc._optimizers if all(o is not mine for mine in self.optimizers)]
+        schedulers = [config.scheduler for config in self.lr_scheduler_configs]
+        acc._schedulers[:] = [s for s in acc._schedulers if all(s.scheduler is not mine for mine in schedulers)]
+        parts = list(old.flattened) if isinstance(old, CombinedLoader) else [old] if old is not None else []
+        acc._dataloaders[:] = [d for d in acc._dataloaders if all(d is not part for part in parts)]
+        self.optimizers, self.lr_scheduler_configs, self._train_loader = [], [], None
 
     def _reload_resumed(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any) -> list[Any] | None:
         """A resumed fit with ``reload_dataloaders_every_n_epochs``: ask for the loaders again at the restored epoch (after
@@ -693,10 +751,20 @@ class Trainer:
 
     def _configure_model(self, module: TrainModule) -> None:
         """Lightning's ``configure_model`` hook, once per run before the module is set up, in the strategy's init context."""
-        if not overrides(module, "configure_model", TrainModule):
+        legacy = overrides(module, "configure_sharded_model", TrainModule)
+        if legacy and overrides(module, "configure_model", TrainModule):
+            raise RuntimeError(f"{type(module).__name__} defines both configure_model and configure_sharded_model (its old, "
+                               "deprecated name); keep configure_model only")
+        if legacy:
+            warnings.warn(f"{type(module).__name__}.configure_sharded_model is deprecated (as in Lightning); rename it to "
+                          "configure_model", DeprecationWarning, stacklevel=2)
+        elif not overrides(module, "configure_model", TrainModule):
             return
         with self.accelerator.strategy.module_init_context():
-            module.configure_model()
+            if legacy:
+                module.configure_sharded_model()
+            else:
+                module.configure_model()
 
     def _sync_batchnorm(self, module: TrainModule) -> None:
         """``sync_batchnorm``: BatchNorm layers become SyncBatchNorm (in place) before the module is wrapped; one process: nothing."""
@@ -759,14 +827,20 @@ class Trainer:
             self.agreement.signals.install(keep_user_handlers=True, first_wins=True)
         self.datamodule = datamodule
         try:
+            self._prepare_data(module, datamodule)
             if datamodule is not None:
                 self._setup_datamodule(datamodule, setup_stage)
             self._dispatch.call("setup", setup_stage)
             self._configure_model(module)
-            result = body()
+            try:
+                result = body()
+            except TunerExit:  # a Tuner's search ran in the run's start hook, and the run ends there (trainer.fit.tuner)
+                result = None
             self.accelerator.checkpoints.wait()  # a checkpoint written in the background is committed before we return
         except BaseException as err:
             self._dispatch.call_callbacks("on_exception", err)
+            if callable(getattr(datamodule, "on_exception", None)):  # Lightning's order: the callbacks, then the datamodule
+                datamodule.on_exception(err)
             self._finish_background_save(err)
             self._teardown(setup_stage)
             raise
@@ -786,12 +860,23 @@ class Trainer:
             if save_error is not err:
                 warnings.warn(str(save_error), stacklevel=2)
 
-    def _setup_datamodule(self, datamodule: Any, stage: str) -> None:
-        datamodule.trainer = self
+    def _prepare_data(self, module: TrainModule, datamodule: Any) -> None:
+        """Lightning's ``prepare_data``: the datamodule's, then the module's (when it defines one), on local rank 0 of
+        each machine; the other processes wait."""
+        own = overrides(module, "prepare_data", TrainModule)
+        if datamodule is None and not own:
+            return
         if self.local_rank == 0:
-            datamodule.prepare_data()
+            if datamodule is not None:
+                datamodule.trainer = self
+                datamodule.prepare_data()
+            if own:
+                module.prepare_data()
         if self.world_size > 1:
             self.accelerator.wait_for_everyone()  # the others wait for the data rank 0 of their machine prepared
+
+    def _setup_datamodule(self, datamodule: Any, stage: str) -> None:
+        datamodule.trainer = self
         datamodule.setup(stage)
 
     def _teardown(self, stage: str) -> None:
@@ -818,19 +903,18 @@ class Trainer:
                 f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
-        if stage == "fit" and module.automatic_optimization and overrides(module, "optimizer_zero_grad", TrainModule):
-            raise NotImplementedError(  # Lightning calls it; this loop never would
-                f"{type(module).__name__} defines optimizer_zero_grad(), a Lightning hook this Trainer does not call: it "
-                "zeroes the gradients itself (to None, on a window's first batch), so the override would be ignored. Move "
-                "its work to on_before_zero_grad, or drive the optimizer yourself with self.automatic_optimization = False "
-                "(see docs/migrating-from-lightning.md)"
-            )
+        _refuse_hooks_not_called(module)
         self.callbacks = with_module_callbacks(self.callbacks, module.configure_callbacks())
         self._results.reset()
         if self.profiler is not None:
             self._dispatch = ProfiledDispatcher(module, TrainModule, self.callbacks, self, self.profiler)
         else:
             self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
+
+    def run_tuner(self, finder: Callback, module: TrainModule) -> Any:
+        """Run the search of a `LearningRateFinder` or `BatchSizeFinder` (called from its hook) on this run's loops,
+        putting the run back as it was afterwards; returns what it found (see `trainer.fit.tuner`)."""
+        return run_finder(self, finder, module)
 
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``TrainModule.manual_backward``: backward between ``on_before_backward``/``on_after_backward``, as in automatic
@@ -892,6 +976,22 @@ class Trainer:
 
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
+
+def _refuse_hooks_not_called(module: TrainModule) -> None:
+    """Lightning hooks this Trainer never calls: a module overriding one is refused rather than run without it."""
+    if overrides(module, "backward", TrainModule):
+        raise NotImplementedError(
+            f"{type(module).__name__} defines backward(loss, ...), a Lightning hook this Trainer does not call: the backward "
+            "(loss scaling, gradient sync, a DeepSpeed engine's step) belongs to the strategy. Move its work to "
+            "on_before_backward/on_after_backward, or use manual optimization (self.manual_backward(loss, ...))"
+        )
+    if overrides(module, "on_validation_model_zero_grad", TrainModule):
+        raise NotImplementedError(
+            f"{type(module).__name__} defines on_validation_model_zero_grad(), a Lightning hook this Trainer does not call: "
+            "validation leaves the gradients alone (it may run inside an accumulation window). Zero them in "
+            "on_validation_start if you need to"
+        )
+
 
 def _barebones_log(name: str, *args: Any) -> None:
     """``self.log`` under ``Trainer(barebones=True)``: nothing is logged (Lightning's warning, once per name)."""

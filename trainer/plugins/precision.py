@@ -26,6 +26,7 @@ class MixedPrecision(Precision):
         if scaler is not None and precision == "bf16-mixed":
             raise ValueError("MixedPrecision('bf16-mixed', scaler=...): bf16 needs no loss scaler; pass scaler=None")
         super().__init__(precision, torch.device(device))
+        self.custom_scaler = scaler  # given to the Trainer's strategy as plugin: it replaces the default scaler there
         if scaler is not None:
             self.scaler = scaler
 
