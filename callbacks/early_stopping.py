@@ -18,7 +18,7 @@ class EarlyStopping(Callback):
 
     A check runs after each validation (or at the end of each training epoch, see
     `check_on_train_epoch_end`). It also stops at once when the metric is not finite (`check_finite`),
-    reaches `stopping_threshold`, or passes `divergence_threshold`.
+    passes `stopping_threshold`, or passes `divergence_threshold`.
 
     The parameters are Lightning's, in Lightning's order (``EarlyStopping("val_loss", 0.0, 3)`` works).
 
@@ -31,7 +31,7 @@ class EarlyStopping(Callback):
         mode: ``"min"`` or ``"max"``: whether lower or higher is better.
         strict: raise when `monitor` was never logged (False: warn and skip the check).
         check_finite: stop when the metric becomes NaN or infinite.
-        stopping_threshold: stop as soon as the metric is at least this good.
+        stopping_threshold: stop as soon as the metric is better than this (strictly, as in Lightning).
         divergence_threshold: stop as soon as the metric is worse than this.
         check_on_train_epoch_end: check at the end of the training epoch (True) or after validation (False);
             default: at epoch end when validation runs once per epoch or not at all, else after validation.
@@ -157,15 +157,18 @@ class EarlyStopping(Callback):
         """Update the counters with `current`; return whether to stop, and why it stops or what improved."""
         if self.check_finite and not math.isfinite(current):
             return True, (
-                f"monitored metric {self.monitor} = {current} is not finite; previous best was {self.best_score:.3f}. "
+                f"Monitored metric {self.monitor} = {current} is not finite. Previous best value was {self.best_score:.3f}. "
                 "Signaling Trainer to stop."
             )
-        if self.stopping_threshold is not None and not self._better(self.stopping_threshold, current):
-            return True, f"stopping threshold reached: {self.monitor} = {current} {'<=' if self.mode == 'min' else '>='} {self.stopping_threshold}."
+        if self.stopping_threshold is not None and self._better(current, self.stopping_threshold):
+            return True, (  # Lightning's words and rule: strictly past the threshold
+                f"Stopping threshold reached: {self.monitor} = {current} {'<' if self.mode == 'min' else '>'} "
+                f"{self.stopping_threshold}. Signaling Trainer to stop."
+            )
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, current):
-            return True, (
-                f"divergence threshold reached: {self.monitor} = {current} "
-                f"{'>' if self.mode == 'min' else '<'} {self.divergence_threshold}; stopping."
+            return True, (  # Lightning's words; Lightning prints the improvement's sign (`<` in min mode) here
+                f"Divergence threshold reached: {self.monitor} = {current} "
+                f"{'>' if self.mode == 'min' else '<'} {self.divergence_threshold}. Signaling Trainer to stop."
             )
         step = -self.min_delta if self.mode == "min" else self.min_delta
         if self._better(current, self.best_score + step):
@@ -182,7 +185,7 @@ class EarlyStopping(Callback):
         self.wait_count += 1
         if self.wait_count >= self.patience:
             return True, (
-                f"{self.monitor} did not improve in the last {self.wait_count} checks; best score: {self.best_score:.6g}. "
-                "Signaling Trainer to stop."
+                f"Monitored metric {self.monitor} did not improve in the last {self.wait_count} records. "
+                f"Best score: {self.best_score:.3f}. Signaling Trainer to stop."
             )
         return False, None

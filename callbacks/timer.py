@@ -176,7 +176,7 @@ class Timer(Callback):
         trainer.should_stop = True
         if self.verbose:
             elapsed = timedelta(seconds=int(self.time_elapsed("train")))
-            print(f"Timer: time limit of {self.duration} reached (elapsed {elapsed}); stopping training.", flush=True)
+            print(f"Time limit reached. Elapsed time is {elapsed}. Signaling Trainer to stop.", flush=True)  # Lightning's words
 
     def state_dict(self) -> dict[str, Any]:
         return {"time_elapsed": {stage: self.time_elapsed(stage) for stage in STAGES}}

@@ -5,7 +5,12 @@ The average is a `torch.optim.swa_utils.AveragedModel` of the module, updated af
 the end of training. Checkpoints written during ``fit`` hold it as a file of their own, ``averaged_model.bin``
 (tensors only, written by process 0: the weights are the same on every process), next to the module's current
 weights in ``model.safetensors``; ``fit(ckpt_path=...)`` restores both, so a resumed run continues the same average
-bit for bit. Sharded parameters (FSDP, DeepSpeed) are refused: the average would need a shard per process.
+bit for bit.
+
+Under FSDP (``strategy="fsdp"``) the average is sharded like the module: the averaged copy's parameters are DTensors
+with the module's placements, so each process averages its own shard and no collective runs on update or swap. A
+checkpoint gathers the full average into ``averaged_model.bin`` (process 0 writes it, the same file as without
+sharding), and a resume slices it back into each process's shards. DeepSpeed, which owns the parameters, is refused.
 """
 
 from __future__ import annotations
@@ -44,8 +49,13 @@ class WeightAveraging(Callback):
         use_buffers: average the buffers too; with False they are left to ``torch.optim.swa_utils.update_bn``.
         **kwargs: passed to ``AveragedModel``, e.g. ``avg_fn=get_ema_avg_fn(0.999)``.
 
+    Under FSDP the average is sharded like the module (each process averages its own shard); `device` must then be
+    left out, since the averaged shards live where the module's shards live.
+
     Raises:
-        NotImplementedError: at ``setup``, under a strategy that shards the parameters (FSDP) or owns them (DeepSpeed).
+        NotImplementedError: at ``setup``, under a strategy that owns the parameters (DeepSpeed) or shards them in a way
+            other than FSDP's.
+        ValueError: at ``setup``, with `device` under FSDP.
 
     Example::
 
@@ -66,6 +76,7 @@ class WeightAveraging(Callback):
         self._average_model: AveragedModel | None = None
         self._part: Part | None = None
         self._accelerator: Any = None  # whose checkpoint_parts hold `_part` during a fit
+        self._sharded = False  # whether this fit's module is sharded with FSDP (then so is the average)
         # optimizer steps taken at the last update: should_update is first asked after the first optimizer step
         self._latest_update_step = 0
         self._latest_update_epoch = -1  # the epoch after which the average was last updated
@@ -84,13 +95,14 @@ class WeightAveraging(Callback):
     def setup(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         if stage != "fit":
             return
-        refuse_sharded(self, trainer.strategy)
+        self._sharded = _check_strategy(self, trainer.strategy)
         parts = trainer.accelerator.checkpoint_parts
         if any(part.file == AVERAGED_MODEL_FILE and part is not self._part for part in parts):
             raise ValueError(f"{type(self).__name__}: a Trainer takes one weight-averaging callback; remove the others")
         self._remove_part()
         self._average_model = None  # a new average for every fit, as Lightning's (built at on_fit_start, or by the resume)
-        self._part = Part(AVERAGED_MODEL_FILE, "torch", _AveragedState(self, module), optional=True)
+        strategy = trainer.strategy if self._sharded else None
+        self._part = Part(AVERAGED_MODEL_FILE, "torch", _AveragedState(self, module, strategy), optional=True)
         self._accelerator = trainer.accelerator
         parts.append(self._part)
 
@@ -115,8 +127,10 @@ class WeightAveraging(Callback):
 
     def on_train_end(self, trainer: TrainerView, module: TrainModule) -> None:
         average = self._build(module).module
-        for avg, current in zip(_tensors(average), _tensors(module)):
-            current.data.copy_(avg.data)
+        self._reshard(module)
+        with torch.no_grad():
+            for avg, current in zip(_tensors(average), _tensors(module)):
+                _local(current).copy_(_local(avg))
 
     def on_validation_epoch_start(self, trainer: TrainerView, module: TrainModule) -> None:
         if self._average_model is not None:
@@ -140,17 +154,34 @@ class WeightAveraging(Callback):
             trainer = module._trainer  # not deep-copied with the module
             object.__setattr__(module, "_trainer", None)
             try:
-                self._average_model = AveragedModel(module, device=self._device or module.device, use_buffers=self._use_buffers, **self._kwargs)
+                if self._sharded:  # (an FSDP module cannot be deep-copied: its weights are, shard by shard)
+                    from strategies.fsdp import weights_view  # lazy: import cost (needed only under FSDP)
+
+                    self._average_model = AveragedModel(weights_view(module), use_buffers=self._use_buffers, **self._kwargs)
+                else:
+                    device = self._device or module.device
+                    self._average_model = AveragedModel(module, device=device, use_buffers=self._use_buffers, **self._kwargs)
             finally:
                 object.__setattr__(module, "_trainer", trainer)
         return self._average_model
 
     def _swap(self, module: TrainModule) -> None:
         assert self._average_model is not None
-        for avg, current in zip(_tensors(self._average_model.module), _tensors(module)):
-            saved = avg.data.clone()
-            avg.data.copy_(current.data)
-            current.data.copy_(saved)
+        self._reshard(module)
+        with torch.no_grad():
+            for avg, current in zip(_tensors(self._average_model.module), _tensors(module)):
+                avg, current = _local(avg), _local(current)  # (under FSDP: this process's shards)
+                saved = avg.clone()
+                avg.copy_(current)
+                current.copy_(saved)
+
+    def _reshard(self, module: TrainModule) -> None:
+        """Under FSDP: free any gathered parameters, so that `module` holds its shards and the next forward gathers
+        them afresh (the swap writes the shards)."""
+        if self._sharded:
+            from strategies.fsdp import reshard  # lazy: import cost (needed only under FSDP)
+
+            reshard(module)
 
     def _remove_part(self) -> None:
         if self._accelerator is not None and self._part is not None:
@@ -201,6 +232,29 @@ class EMAWeightAveraging(WeightAveraging):
         return epoch_idx is not None and self.update_starting_at_epoch is not None and epoch_idx >= self.update_starting_at_epoch
 
 
+def _check_strategy(callback: WeightAveraging, strategy: Any) -> bool:
+    """Whether `strategy` shards the module with FSDP (the average is then sharded too); raise for the strategies
+    the average cannot follow (DeepSpeed owns the parameters; another sharded strategy is unknown here)."""
+    from strategies.fsdp import FSDPStrategy  # lazy: import cost (needed only under FSDP)
+
+    if isinstance(strategy, FSDPStrategy):
+        if callback._device is not None:
+            raise ValueError(
+                f"{type(callback).__name__}(device='{callback._device}') is not available with strategy='fsdp': the average "
+                "is sharded like the module and its shards live where the module's shards live; leave device out "
+                "(FSDPStrategy(cpu_offload=True) keeps both in CPU memory)"
+            )
+        return True
+    if getattr(strategy, "sharded", False) or isinstance(strategy, Engine):
+        raise NotImplementedError(
+            f"{type(callback).__name__} does not support strategy {type(strategy).__name__}: it shards or owns the parameters, "
+            "so each process holds only part of them and an averaged copy would need the same sharding; use FSDP "
+            "(strategy='fsdp'), DDP or a single device, or keep the average yourself with "
+            "torch.optim.swa_utils.AveragedModel on the gathered weights"
+        )
+    return False
+
+
 def refuse_sharded(callback: Callback, strategy: Any) -> None:
     """Raise NotImplementedError under a strategy that shards the parameters (FSDP) or owns them (DeepSpeed)."""
     if getattr(strategy, "sharded", False) or isinstance(strategy, Engine):
@@ -212,17 +266,42 @@ def refuse_sharded(callback: Callback, strategy: Any) -> None:
 
 
 class _AveragedState:
-    """The checkpoint part of a `WeightAveraging`: the ``AveragedModel``'s state dict (weights and ``n_averaged``)."""
+    """The checkpoint part of a `WeightAveraging`: the ``AveragedModel``'s state dict (weights and ``n_averaged``).
 
-    def __init__(self, callback: WeightAveraging, module: TrainModule) -> None:
-        self.callback, self.module = callback, module
+    With a sharding `strategy` (FSDP) the averaged weights are gathered into full tensors on process 0 when saved
+    (a collective: every process's ``state_dict`` runs in step) and sliced into each process's shards when loaded.
+    """
+
+    def __init__(self, callback: WeightAveraging, module: TrainModule, strategy: Any = None) -> None:
+        self.callback, self.module, self.strategy = callback, module, strategy
 
     def state_dict(self) -> dict[str, Any]:
         average = self.callback.average_model
-        return dict(average.state_dict()) if average is not None else {}
+        if average is None:
+            return {}
+        if self.strategy is None:
+            return dict(average.state_dict())
+        full = self.strategy.module_state_dict(average.module)  # (process 0 only; the others get {})
+        if not full:
+            return {}
+        return {"n_averaged": average.n_averaged.detach().cpu().clone(), **{f"module.{k}": v for k, v in full.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.callback._build(self.module).load_state_dict(state)
+        average = self.callback._build(self.module)
+        if self.strategy is None:
+            average.load_state_dict(state)
+            return
+        if "n_averaged" not in state:
+            raise ValueError(f"{AVERAGED_MODEL_FILE} holds no n_averaged entry: it was not written by a WeightAveraging callback")
+        weights = {k[len("module."):]: v for k, v in state.items() if k.startswith("module.")}
+        self.strategy.load_module_state_dict(average.module, weights)
+        average.n_averaged.copy_(state["n_averaged"])
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (a view that writes through), or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
 
 
 def _tensors(module: torch.nn.Module) -> Any:

@@ -54,6 +54,11 @@ class Strategy:
         self._replaced: dict[int, tuple[weakref.ref[torch.Tensor], nn.Parameter]] = {}
         self.init_rng_state: torch.Tensor | None = None  # the CPU generator at the end of module_init_context: init draws from it
 
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on (Lightning's name for `device`)."""
+        return self.device
+
     # process layout
     @property
     def world_size(self) -> int:

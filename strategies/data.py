@@ -30,6 +30,7 @@ from torch.utils.data import (
 )
 from torch.utils.data._utils.collate import default_collate
 
+from strategies.collectives import broadcast_object
 from strategies.order import (
     SeedableRandomSampler,
     boundary_record,
@@ -149,6 +150,8 @@ class _Progress:
     resume_skip: int = 0  # batches the next pass skips (set by load_state_dict)
     complete: bool = False  # the last batch of the epoch has been handed out
     end: bool = False  # the batch in use is the last of the pass
+    started: int = 0  # while a pass is in progress: when it began (passes of all loaders counted in order); else 0
+    running: Any = None  # while a pass is in progress: the loader iterating it (a skip_first_batches view shares this)
     # The RNG states the order of the pass in progress was drawn from (taken as it started), and a pass to resume:
     # (epoch, those states) loaded by load_state_dict, redrawn without touching the live RNGs.
     record: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
@@ -374,6 +377,7 @@ class DataLoaderShard(DataLoader):
         # synchronized and drawn from then, so loaders iterated together (zip) draw in the same order as there.
         non_blocking = self.non_blocking
         try:
+            progress.started, progress.running = next(_PASSES), self
             batches = start()
             current = next(batches, _END)
             if current is _END:
@@ -390,6 +394,7 @@ class DataLoaderShard(DataLoader):
         finally:
             self._pass_skip = None
             progress.end = False  # the pass is over: gather_for_metrics must not trim other loaders' batches
+            progress.started, progress.running = 0, None
             if not progress.complete:  # left early (break): the sampler's generator as a plain loader's is left
                 workers = (self.prefetch_factor or 0) * self.num_workers if self.num_workers else 0
                 undraw_unreached(self._shard, progress.record, self.generator, progress.position + 1 + workers)
@@ -468,6 +473,7 @@ class DataLoaderShard(DataLoader):
 
 
 _END = object()
+_PASSES = itertools.count(1)  # orders the passes in progress (GradientState.active_dataloader: the one begun last)
 
 
 def _carried_kwargs(loader: DataLoader) -> dict[str, Any]:
@@ -500,10 +506,8 @@ def _build(
             synchronized_generator=generator if isinstance(generator, torch.Generator) else None, **shard_kwargs, **kwargs,
         )
     if dispatch:
-        raise NotImplementedError(
-            "dispatch_batches=True for a map-style data set (rank 0 loads and scatters every batch) is not supported; every "
-            "rank loads its own shard. Leave dispatch_batches unset"
-        )
+        return _build_dispatched(dataloader, num_processes=num_processes, process_index=process_index, split_batches=split_batches,
+                                 even_batches=even_batches, seed=seed, shard_kwargs=shard_kwargs, kwargs=kwargs)
     as_sampler = dataloader.batch_sampler is None
     batch_sampler = dataloader.sampler if as_sampler else dataloader.batch_sampler
     if as_sampler and not isinstance(batch_sampler, BatchSampler):
@@ -518,6 +522,62 @@ def _build(
     )
     placement = {"sampler": batch_shard, "batch_size": None} if as_sampler else {"batch_sampler": batch_shard}
     return DataLoaderShard(dataset, seed=seed or 0, synchronized_generator=generator, **placement, **shard_kwargs, **kwargs)
+
+
+class _SampledStream(IterableDataset):
+    """A map-style data set read in its sampler's order, as one stream (what Accelerate's dispatcher reads)."""
+
+    def __init__(self, dataset: Any, sampler: Any) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.dataset[i] for i in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def _order_from_process_zero(generator: torch.Generator | None) -> None:
+    """Set `generator` to process 0's state (each process then draws process 0's order)."""
+    if generator is not None:
+        generator.set_state(broadcast_object(generator.get_state(), 0))
+
+
+def _build_dispatched(
+    dataloader: DataLoader, *, num_processes: int, process_index: int, split_batches: bool, even_batches: bool,
+    seed: int | None, shard_kwargs: dict[str, Any], kwargs: dict[str, Any],
+) -> DataLoaderShard:
+    """Accelerate's ``DataLoaderDispatcher`` for a map-style data set: each step is the next ``num_processes`` batches of
+    the loader (one with ``split_batches``) in process 0's order, split between the processes. Every process reads the
+    step and keeps its part (as for an iterable data set, `strategies.sharding.shard_stream`)."""
+    if dataloader.batch_size is None or type(dataloader.batch_sampler) is not BatchSampler:
+        raise NotImplementedError(
+            f"dispatch_batches=True needs a DataLoader with a batch_size over a sampler; this one batches with "
+            f"{type(dataloader.batch_sampler).__name__}. Leave dispatch_batches unset (every process loads its own shard)"
+        )
+    if dataloader.num_workers:
+        raise NotImplementedError(
+            f"dispatch_batches=True for a map-style data set reads it in the main process; num_workers="
+            f"{dataloader.num_workers} is not supported there. Pass num_workers=0, or leave dispatch_batches unset"
+        )
+    batch_sampler, generator = ordered(dataloader.batch_sampler, seed, num_processes)
+    shard = IterableDatasetShard(
+        _SampledStream(dataloader.dataset, batch_sampler.sampler), batch_size=dataloader.batch_size, drop_last=dataloader.drop_last,
+        num_processes=num_processes, process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+        dispatch=True,
+    )
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("generator", "worker_init_fn", "prefetch_factor", "persistent_workers")}
+    if generator is not None and shard_kwargs.get("synchronize") is None:
+        shard_kwargs = {**shard_kwargs, "synchronize": _order_from_process_zero}
+    return DataLoaderShard(
+        shard, batch_size=shard.per_process_batch_size, drop_last=dataloader.drop_last, seed=seed or 0,
+        synchronized_generator=generator, **shard_kwargs, **kwargs,
+    )
 
 
 def prepare_data_loader(
@@ -547,12 +607,14 @@ def prepare_data_loader(
     RNG) and ``synchronize`` is called with it when each pass starts, to make it equal on every process.
     ``dispatch_batches`` (default: ``put_on_device``) gives an iterable data set the last step of Accelerate's
     ``DataLoaderDispatcher`` (see `strategies.sharding.shard_stream`); every process reads the stream.
+    ``dispatch_batches=True`` with a map-style data set reads it in process 0's order as such a stream.
 
     Raises:
         TypeError: if ``dataloader`` is not a `torch.utils.data.DataLoader`.
         ValueError: for a bad process count or index, ``split_batches`` with a batch size that does not
             divide, or a loader with no batch size over a plain sampler.
-        NotImplementedError: for ``dispatch_batches=True`` with a map-style data set.
+        NotImplementedError: for ``dispatch_batches=True`` with a map-style data set loaded by workers or by a
+            custom batch sampler.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")

@@ -440,6 +440,36 @@ def _without_gradient_sync(module: nn.Module) -> Iterator[None]:
         module.set_requires_gradient_sync(True)
 
 
+def weights_view(module: nn.Module) -> nn.Module:
+    """`module`'s own parameters and buffers (not copies) in plain `nn.Module` containers of the same names and
+    order, tied tensors still tied. An FSDP module refuses ``deepcopy``; this view can be deep-copied, and under FSDP
+    the copy's parameters are DTensor shards with the module's placements (`torch.optim.swa_utils.AveragedModel` of
+    it averages shard by shard). It has no forward: it holds weights only.
+    """
+    reshard(module)  # (its parameters are the shards)
+    holders: dict[nn.Module, nn.Module] = {}
+    for name, sub in module.named_modules(remove_duplicate=False):
+        holder = holders.setdefault(sub, nn.Module())
+        if name:
+            parent, _, child = name.rpartition(".")
+            holders[module.get_submodule(parent)].add_module(child, holder)
+        for key, param in sub._parameters.items():
+            holder.register_parameter(key, param)
+        for key, buf in sub._buffers.items():
+            holder.register_buffer(key, buf, persistent=key not in sub._non_persistent_buffers_set)
+    return holders[module]
+
+
+def reshard(module: nn.Module) -> None:
+    """Free the gathered parameters of every FSDP unit of `module` (no collective), so that its parameters are its
+    shards again and its next forward gathers them afresh; a no-op for an unsharded module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()
+
+
 @contextlib.contextmanager
 def _unsharded(module: nn.Module, reshard_after_forward: bool) -> Iterator[None]:
     """All-gather every FSDP unit of `module` once (a collective), keep the full parameters through the block, reshard after.

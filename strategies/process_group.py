@@ -143,6 +143,11 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float, *, several_mac
     if store is None:
         return
     if _STACK_SIGNAL is not None:
+        if threading.current_thread() is threading.main_thread():
+            # ignored first: faulthandler gives the signal its previous disposition back when the interpreter
+            # finalizes, and a real-time signal's default is to terminate: a rank asked for its stack while it exits
+            # (its work done) would die of it, and the launcher would stop the others and report a signal death
+            signal.signal(_STACK_SIGNAL, signal.SIG_IGN)
         faulthandler.register(_STACK_SIGNAL, all_threads=True, chain=False)
     store.set(_KEY.format(kind="pid", rank=rank), f"{_machine()} {os.getpid()}")
     if several_machines:

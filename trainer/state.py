@@ -1,6 +1,7 @@
 """Accelerate's ``accelerate.state`` under the renamed import: ``from trainer.state import PartialState``."""
 
 from trainer.accelerator import layout
+from trainer.accelerator.gradient_state import GradientState
 from trainer.accelerator.layout import AcceleratorState, DistributedType, PartialState
 from trainer.unsupported import unsupported_names
 
@@ -10,7 +11,7 @@ def is_initialized() -> bool:
     return bool(layout._shared)
 
 
-__all__ = ["AcceleratorState", "DistributedType", "PartialState", "is_initialized"]
+__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "is_initialized"]
 
-# Accelerate names deliberately not provided (GradientState, SharedDict, ...): see trainer.unsupported
+# Accelerate names deliberately not provided (SharedDict, ...): see trainer.unsupported
 __getattr__ = unsupported_names(__name__)

@@ -33,7 +33,7 @@ _DATA = ("sharding here is one loader class, DataLoaderShard (returned by prepar
          "functions (strategies.sharding), not Accelerate's batch-sampler / iterable wrappers; prepare() a DataLoader instead")
 _DISPATCH = "dispatch_batches (rank 0 loads and scatters every batch) is not supported; every rank loads its own shard"
 _STATE_INTERNAL = ("an internal of Accelerate's process-wide state; here the layout is PartialState/AcceleratorState and the "
-                   "accumulation state is the Accelerator's (accelerator.sync_gradients, accelerator.gradient_accumulation_steps)")
+                   "accumulation state is each Accelerator's (accelerator.gradient_state, accelerator.sync_gradients)")
 _LOGGER = "Accelerate's module-level logger; use trainer.logging.get_logger(__name__)"
 
 # module -> reason -> names
@@ -78,7 +78,7 @@ UNSUPPORTED: dict[str, dict[str, list[str]]] = {
                     "get_current_device_type", "get_mixed_precision_context_manager", "pad_input_tensors"],
     },
     "trainer.state": {
-        _STATE_INTERNAL: ["GradientState", "SharedDict", "ThreadLocalSharedDict", "do_nothing"],
+        _STATE_INTERNAL: ["SharedDict", "ThreadLocalSharedDict", "do_nothing"],
         _LOGGER: ["logger"],
     },
     "trainer.tracking": {_LOGGER: ["logger"]},

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from callbacks.trackers.registry import LoggerType
-from strategies.collectives import broadcast, broadcast_object, gather, gather_object, pad_across_processes, reduce
+from strategies import collectives as _collectives
+from strategies.collectives import broadcast_object, gather_object
 from strategies.data import find_batch_size
 from strategies.data import send_to_device as _send_to_device
 from strategies.xla import seed_xla
@@ -100,6 +101,7 @@ from trainer.accelerator.kwargs import (
     ProfileKwargs,
     TERecipeKwargs,
 )
+from trainer.accelerator.layout import debug_mode
 from trainer.accelerator.operations import (
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     MODEL_NAME,
@@ -119,6 +121,7 @@ from trainer.accelerator.operations import (
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
     ComputeEnvironment,
     CustomDtype,
+    DistributedOperationException,
     DynamoBackend,
     PrecisionType,
     RNGType,
@@ -161,6 +164,7 @@ from trainer.accelerator.operations import (
     synchronize_rng_state,
     synchronize_rng_states,
     tqdm,
+    verify_operation,
     wait_for_everyone,
 )
 from trainer.accelerator.parallelism import ParallelismConfig, TorchTensorParallelConfig
@@ -265,6 +269,48 @@ def find_executable_batch_size(
     return run
 
 
+def gather(data: Any, group: Any = None) -> Any:
+    """All-gather every tensor of a nested structure, concatenated along dim 0 (shapes may differ in dim 0 only).
+
+    In debug mode (`PartialState.debug`) the shapes must match across processes, as Accelerate's (else
+    `DistributedOperationException`)."""
+    if debug_mode():
+        verify_operation("trainer.utils.gather", data)
+    return _collectives.gather(data, group)
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Broadcast every tensor of a nested structure from process `from_process` (shapes must agree across processes;
+    checked first in debug mode, `PartialState.debug`)."""
+    if debug_mode():
+        verify_operation("trainer.utils.broadcast", data)
+    return _collectives.broadcast(data, from_process)
+
+
+def reduce(data: Any, reduction: str = "mean", scale: float = 1.0, group: Any = None) -> Any:
+    """All-reduce every tensor of a nested structure (``"mean"``, the default as in ``accelerate.utils.reduce``;
+    ``"sum"``, ``"max"``, ``"min"``), times `scale` (shapes must agree across processes; checked first in debug mode,
+    `PartialState.debug`). `Accelerator.reduce` defaults to ``"sum"``, as Accelerate's."""
+    if debug_mode():
+        verify_operation("trainer.utils.reduce", data)
+    return _collectives.reduce(data, reduction, scale, group)
+
+
+def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, group: Any = None) -> Any:
+    """Pad every tensor along `dim` to the largest size over the processes (with `pad_index`, at the end or first).
+
+    In debug mode (`PartialState.debug`) the tensors' numbers of dimensions must match across processes (else
+    `DistributedOperationException`, as Accelerate's)."""
+    if debug_mode():
+        try:
+            verify_operation("trainer.utils.pad_across_processes", data, recursively_apply(lambda t: [t.ndim], data))
+        except DistributedOperationException as err:  # Accelerate's chained error
+            raise DistributedOperationException(
+                "Error found while calling `trainer.utils.pad_across_processes`. Please see the earlier error for more details."
+            ) from err
+    return _collectives.pad_across_processes(data, dim, pad_index, pad_first, group)
+
+
 def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     return _send_to_device(data, device, non_blocking=non_blocking)
 
@@ -302,6 +348,7 @@ __all__ = [
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
     "DistributedType",
     "DummyOptim",
     "DummyScheduler",

@@ -19,18 +19,7 @@ from tests.helpers.accelerate_examples import TEST_UTILS_RESULTS, first_error, r
 
 RESULTS: dict[str, Any] = json.loads(TEST_UTILS_RESULTS.read_text())
 
-GAPS = {  # script -> (why ours does not pass yet, what its first error says)
-    "test_ops": (("imports DistributedOperationException from accelerate.utils.operations and sets PartialState().debug: "
-                 "Accelerate's debug mode (a shape check across processes before each collective) and "
-                 "PartialState.destroy_process_group are not provided"),
-                 "cannot import name 'DistributedOperationException'"),
-    "test_sync": (("reads accelerator.gradient_state (Accelerate's GradientState, not provided: the accumulation state is "
-                  "the Accelerator's own sync_gradients / gradient_accumulation_steps)"),
-                  "has no attribute 'gradient_state'"),
-    "test_script": (("calls trainer.data_loader.prepare_data_loader(loader, device, num_processes, process_index, ...) as a "
-                    "function of an explicit layout; ours takes the loader alone and shards by the running layout"),
-                    "prepare_data_loader() takes 1 positional argument"),
-}
+GAPS: dict[str, tuple[str, str]] = {}  # script -> (why ours does not pass yet, what its first error says)
 
 
 def _params() -> list[Any]:

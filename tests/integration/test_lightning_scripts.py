@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,101 @@ def test_a_lightning_checkpoint_converted_and_resumed(tmp_path: Path, fixture: s
         assert out["weights"][name] == pytest.approx(values, abs=1e-6), name
     for mine, theirs in zip(out["momentum"], lightning["momentum"], strict=True):
         assert mine == pytest.approx(theirs, abs=1e-6)
+
+
+def run_script_printing(name: str, cwd: Path) -> tuple[dict[str, Any], list[str]]:
+    """`run_script`, also returning the lines the script printed before its JSON line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    script = cwd / name
+    script.write_text(lightning_to_trainwright((SCRIPTS / name).read_text()))
+    proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    *printed, last = proc.stdout.strip().splitlines()
+    return dict(json.loads(last)), printed
+
+
+def test_max_time_stops_inside_the_first_epoch(tmp_path: Path) -> None:
+    """Lightning 2.6.6 on max_time.py (a 40 s epoch, a 1 s limit) stopped inside epoch 0 after about 1 s (47 and 46
+    steps in one run here), counted the epoch (current_epoch 1), printed "Time limit reached. Elapsed time is 0:00:01.
+    Signaling Trainer to stop." once per run, validated at the stop where a validation loader was given (2 batches),
+    and ModelCheckpoint saved epoch=0-step=<global_step> there. The step counts depend on the clock: the test compares
+    the shape. Our checkpoint is a directory without the `.ckpt` suffix (the checkpoint row of
+    docs/migrating-from-lightning.md)."""
+    out, printed = run_script_printing("max_time.py", tmp_path)
+    stops = [line for line in printed if re.fullmatch(r"Time limit reached\. Elapsed time is 0:00:0\d\. Signaling Trainer to stop\.", line)]
+    assert len(stops) == 2, printed  # 0:00:01 unless a step ran late on a busy machine
+    for run, validations in (("dict", 0), ("string", 2)):
+        got = out[run]
+        assert got["global_step"] > 0 and got["epochs_started"] == [0] and got["current_epoch"] == 1 and got["should_stop"], run
+        assert got["timers"] == 1 and got["train_elapsed"] >= 1.0 and got["time_remaining"] <= 0 and got["seconds"] < 20, run
+        assert got["validations"] == validations, run
+        assert got["files"] == [f"epoch=0-step={got['global_step']}"] and got["best_model_path"] == got["files"][0], run
+
+
+# What Lightning 2.6.6 printed for min_epochs_early_stopping.py (run with it in a side environment)
+_MIN_EPOCHS_LIGHTNING = json.loads(
+    '{"no_minimum": {"stopped_epoch": 1, "current_epoch": 2, "global_step": 8, "should_stop": true, "wait_count": 1, "validated": '
+    '[[0, 4], [1, 8]]}, "min_epochs": {"stopped_epoch": 4, "current_epoch": 5, "global_step": 20, "should_stop": true, "wait_count": 4, '
+    '"validated": [[0, 4], [1, 8], [2, 12], [3, 16], [4, 20]]}, "min_steps": {"stopped_epoch": 5, "current_epoch": 6, "global_step": 22, '
+    '"should_stop": true, "wait_count": 5, "validated": [[0, 4], [1, 8], [2, 12], [3, 16], [4, 20], [5, 22]]}, "min_steps_half_epoch": '
+    '{"stopped_epoch": 2, "current_epoch": 3, "global_step": 10, "should_stop": true, "wait_count": 4, "validated": [[0, 2], [0, 4], '
+    '[1, 6], [1, 8], [2, 10]]}}'
+)
+
+
+def test_min_epochs_and_min_steps_hold_an_early_stop(tmp_path: Path) -> None:
+    """EarlyStopping asks to stop after epoch 1; min_epochs=5 and min_steps hold the stop until they are met, and a
+    stop that takes effect inside an epoch validates first (the [5, 22] entry): the epochs, steps, validations and
+    counters Lightning 2.6.6 gave."""
+    assert run_script("min_epochs_early_stopping.py", tmp_path) == _MIN_EPOCHS_LIGHTNING
+
+
+# What Lightning 2.6.6 gave for early_stopping_verbose.py: its JSON line and the lines EarlyStopping(verbose=True) logged
+_VERBOSE_LIGHTNING = json.loads(
+    '{"patience": {"stopped_epoch": 5, "current_epoch": 6, "best_score": 0.375, "wait_count": 2}, "threshold": {"stopped_epoch": 3, '
+    '"current_epoch": 4, "best_score": 0.5, "wait_count": 1}, "divergence": {"stopped_epoch": 1, "current_epoch": 2, "best_score": 1.0, '
+    '"wait_count": 0}, "divergence_min": {"stopped_epoch": 0, "current_epoch": 1, "best_score": Infinity, "wait_count": 0}}'
+)
+_VERBOSE_LINES_LIGHTNING = [
+    "Metric val_loss improved. New best score: 1.000",
+    "Metric val_loss improved by 0.500 >= min_delta = 0.02. New best score: 0.500",
+    "Metric val_loss improved by 0.125 >= min_delta = 0.02. New best score: 0.375",
+    "Monitored metric val_loss did not improve in the last 2 records. Best score: 0.375. Signaling Trainer to stop.",
+    "Metric val_loss improved. New best score: 1.000",
+    "Metric val_loss improved by 0.500 >= min_delta = 0.0. New best score: 0.500",
+    "Stopping threshold reached: val_loss = 0.375 < 0.4. Signaling Trainer to stop.",
+    "Metric val_loss improved. New best score: 1.000",
+    "Divergence threshold reached: val_loss = 0.5 > 0.55. Signaling Trainer to stop.",
+    "Divergence threshold reached: val_loss = 1.0 < 0.7. Signaling Trainer to stop.",
+]
+
+
+def test_early_stopping_verbose_prints_lightnings_lines(tmp_path: Path) -> None:
+    """The same stops and counters as Lightning 2.6.6 and the same printed lines, to stdout (Lightning logs them to
+    stderr through `logging`), except the sign of the divergence lines: ours is the one that holds (Lightning prints
+    the improvement's sign); see the EarlyStopping row of docs/migrating-from-lightning.md."""
+    out, printed = run_script_printing("early_stopping_verbose.py", tmp_path)
+    assert out == _VERBOSE_LIGHTNING
+    ours = {8: "Divergence threshold reached: val_loss = 0.5 < 0.55. Signaling Trainer to stop.",
+            9: "Divergence threshold reached: val_loss = 1.0 > 0.7. Signaling Trainer to stop."}
+    assert printed == [ours.get(i, line) for i, line in enumerate(_VERBOSE_LINES_LIGHTNING)]
+
+
+# The predictions Lightning 2.6.6 wrote for predict_writer.py (rounded to 6 decimals), each row one sample
+_PREDICTIONS_LIGHTNING = [[0.073559, 1.171571], [0.253972, 1.069595], [-0.167166, 1.121633], [-0.134011, 0.462645], [0.664402, 0.127416],
+                          [0.606194, 0.15589], [-0.346261, 0.593549], [-1.720695, 1.164306], [0.154711, 0.415414], [1.211648, -0.214743]]
+
+
+def test_predict_without_returning_writes_through_callbacks(tmp_path: Path) -> None:
+    """predict(return_predictions=False) returns None and the writers' files hold what Lightning 2.6.6's held: a file
+    per batch and loader, the epoch's predictions per loader, and a plain on_predict_batch_end's outputs. The epoch
+    writer's batch_indices are empty lists here (Lightning: each batch's sample indices); see the BasePredictionWriter
+    row of docs/migrating-from-lightning.md."""
+    out = run_script("predict_writer.py", tmp_path)
+    assert out["returned"] == [None, None]
+    assert out["files"] == {"batches": [f"batch_{loader}_{i}.pt" for loader in (0, 1) for i in range(3)], "epoch": ["epoch_rank0.pt"],
+                            "hook": ["hook_0.pt", "hook_1.pt", "hook_2.pt"]}
+    assert out["epoch_two_loaders"] == [2, [3, 3]]
+    for name in ("batches", "hook", "epoch", "expected"):
+        assert out[name] == [pytest.approx(row, abs=2e-6) for row in _PREDICTIONS_LIGHTNING], name
+    assert out["epoch_batch_indices"] == [[], []]  # Lightning: [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]] * 2

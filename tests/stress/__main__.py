@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,27 +40,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             scenario = SCENARIOS[name]
-            problems, seconds = [], []
+            problems, seconds, loads = [], [], []
             with tempfile.TemporaryDirectory(prefix=f"stress-{name}-") as root:
                 for attempt in range(args.runs):
                     problem, took = scenario.run(Path(root) / str(attempt))
                     seconds.append(took)
+                    loads.append(os.getloadavg()[0])
                     if problem:
                         problems.append({"run": attempt, "problem": problem})
                         print(f"{name} run {attempt}: {problem}", file=sys.stderr, flush=True)
             results.append({"scenario": name, "outcome": scenario.outcome, "runs": args.runs, "failed": len(problems),
                             "per_100": round(100 * len(problems) / args.runs, 1),
-                            "median_s": round(statistics.median(seconds), 1), "problems": problems})
+                            "median_s": round(statistics.median(seconds), 1),
+                            "load_average": [round(min(loads), 1), round(max(loads), 1)], "problems": problems})
             print(f"{name}: {len(problems)} of {args.runs} failed (median {statistics.median(seconds):.1f} s)", flush=True)
     finally:
         for proc in busy:
             proc.kill()
             proc.wait()
 
-    print(f"\n| scenario | a good run | runs | failed | per 100 | median s |  (load: {args.load} busy loop(s))")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| scenario | a good run | runs | failed | per 100 | median s | load average |  ({args.load} busy loop(s) beside)")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| `{r['scenario']}` | {r['outcome']} | {r['runs']} | {r['failed']} | {r['per_100']} | {r['median_s']} |")
+        low, high = r["load_average"]
+        print(f"| `{r['scenario']}` | {r['outcome']} | {r['runs']} | {r['failed']} | {r['per_100']} | {r['median_s']} | {low}–{high} |")
     if args.json:
         args.json.write_text(json.dumps({"load": args.load, "results": results}, indent=2))
     return 1 if any(r["failed"] for r in results) else 0

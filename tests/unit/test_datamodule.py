@@ -79,6 +79,16 @@ def test_fit_and_test_with_a_datamodule(tmp_path: Path) -> None:
     assert dm.trainer is trainer
 
 
+def test_prepare_data_per_node_false_still_prepares_on_global_rank_zero(tmp_path: Path) -> None:
+    """Lightning's attribute, True by default on both; False means global rank 0 only, which one process is (the
+    two-machine case is tests/distributed/test_prepare_data_per_node.py)."""
+    dm, module = Numbers(), Net()
+    assert dm.prepare_data_per_node is True and module.prepare_data_per_node is True
+    dm.prepare_data_per_node = False
+    Trainer(project_dir=tmp_path, max_epochs=1, num_sanity_val_steps=0, **QUIET).fit(module, datamodule=dm)
+    assert dm.calls[:2] == ["prepare_data", "setup:fit"]
+
+
 def test_datamodule_state_is_saved_and_restored(tmp_path: Path) -> None:
     Trainer(project_dir=tmp_path, max_epochs=1, **QUIET).fit(Net(), datamodule=Numbers())
     resumed = Numbers()

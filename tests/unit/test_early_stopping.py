@@ -42,7 +42,7 @@ def test_non_finite_stops_at_once_unless_disabled() -> None:
 
 def test_thresholds() -> None:
     es = EarlyStopping("loss", stopping_threshold=0.1)
-    assert feed(es, [0.5, 0.1]) == [False, True]
+    assert feed(es, [0.5, 0.1, 0.09]) == [False, False, True]  # strictly past the threshold, as Lightning
     es = EarlyStopping("loss", divergence_threshold=10.0)
     assert feed(es, [5.0, 10.0, 10.5]) == [False, False, True]
     es = EarlyStopping("acc", mode="max", stopping_threshold=0.9, divergence_threshold=0.1)
@@ -165,7 +165,7 @@ def test_verbose_reports_improvements_and_the_stop(tmp_path: Path, capsys: pytes
     out = capsys.readouterr().out
     assert "Metric val_loss improved. New best score: 5.000" in out
     assert "Metric val_loss improved by 1.000 >= min_delta = 0.0. New best score: 4.000" in out
-    assert "did not improve in the last 2 checks" in out
+    assert "Monitored metric val_loss did not improve in the last 2 records. Best score: 4.000. Signaling Trainer to stop." in out
 
 
 def test_quiet_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -243,3 +243,8 @@ def test_the_datamodules_hyperparameters_are_logged_with_the_modules(tmp_path: P
     assert logged(Data(batch_size=4), "both") == {"width": 2, "lr": 0.1, "batch_size": 4}
     with pytest.raises(RuntimeError, match=r"\['lr'\] are in both the module's and the DataModule's hparams"):
         logged(Data(lr=0.3), "clash")
+
+
+def test_strategy_root_device_is_lightnings_name_for_its_device() -> None:
+    trainer = Trainer(accelerator="cpu", devices=1, log_with=None, enable_progress_bar=False)
+    assert trainer.strategy.root_device == trainer.strategy.device == torch.device("cpu")

@@ -41,6 +41,7 @@ from strategies.collectives import apply_to_tensors
 from strategies.compile import apply_compile, plain_view, recompile_with, unwrap_compiled
 from strategies.environment import env_flag, env_setting
 from strategies.precision import normalize_precision
+from trainer.accelerator import layout
 from trainer.accelerator import state as accelerator_state
 from trainer.accelerator.builder import accumulation_plugin, build_strategy
 from trainer.accelerator.config import (
@@ -52,8 +53,10 @@ from trainer.accelerator.config import (
     TorchDynamoPlugin,
 )
 from trainer.accelerator.dummies import DummyOptim, DummyScheduler, EngineScheduler, auto_values, check_placeholders
+from trainer.accelerator.gradient_state import GradientState
+from trainer.accelerator.gradient_state import track as track_gradient_state
 from trainer.accelerator.kwargs import AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
-from trainer.accelerator.layout import AcceleratorState, ProcessLayout, share_strategy
+from trainer.accelerator.layout import AcceleratorState, ProcessLayout, debug_mode, share_strategy
 from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
 from trainer.accelerator.stepper import Stepper, check_loss
@@ -168,8 +171,10 @@ class Accelerator(ProcessLayout):
         self.strategy.setup_environment()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
+        self._resets = layout.resets[0]  # AcceleratorState._reset_state() after this makes prepare() refuse
         self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
         self.stepper = Stepper(self.strategy, self.gradient_plugin)  # the step: boundaries, backward, clip, optimizer step
+        track_gradient_state(self)  # `GradientState()` reads the Accelerator made last
         self.checkpoints = CheckpointStore(self.strategy)  # every save of this run, the one in flight, the layout on disk
         self.device_placement = device_placement
         self.rng_types = _checked_rng_types(rng_types)
@@ -264,6 +269,11 @@ class Accelerator(ProcessLayout):
         self.stepper.configure(self.gradient_plugin)
 
     @property
+    def gradient_state(self) -> GradientState:
+        """Accelerate's ``GradientState``: a view of this accelerator's accumulation window and of its prepared loaders."""
+        return GradientState._of(self)
+
+    @property
     def sync_gradients(self) -> bool:
         """True on a batch that ends an accumulation window: gradients are reduced and optimizers step."""
         return self.stepper.sync_gradients
@@ -324,6 +334,12 @@ class Accelerator(ProcessLayout):
         if device_placement is not None and len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries but prepare got {len(args)} objects; give one per object")
         placements = device_placement or [self.device_placement] * len(args)
+        if self._resets != layout.resets[0]:
+            raise AttributeError(
+                "`AcceleratorState` object has no attribute `distributed_type` for this Accelerator: it was made before "
+                "the last AcceleratorState._reset_state(). This happens if `AcceleratorState._reset_state()` was called "
+                "and an `Accelerator` or `PartialState` was not reinitialized; make a new Accelerator"
+            )
         _check_placeholders(self.strategy, args)
         for obj in args:
             if not isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.utils.data.DataLoader, DummyOptim, DummyScheduler)) and not _is_scheduler(obj):
@@ -634,6 +650,8 @@ class Accelerator(ProcessLayout):
     def gather(self, tensor: Any) -> Any:
         """Gather tensors (nested structures too) from every process, concatenated along dim 0."""
         _check_tensors(tensor, "gather", "gather_object")
+        if debug_mode():
+            _verify("Accelerator.gather", tensor)
         return self.strategy.all_gather(tensor)
 
     def gather_object(self, obj: Any) -> list[Any]:
@@ -653,14 +671,20 @@ class Accelerator(ProcessLayout):
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         _check_tensors(tensor, "reduce", "gather_object")
+        if debug_mode():
+            _verify("Accelerator.reduce", tensor)
         return self.strategy.all_reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         _check_tensors(tensor, "pad_across_processes", "gather_object")
+        if debug_mode():  # only the number of dimensions must agree
+            _verify("Accelerator.pad_across_processes", tensor, ndim_only=True)
         return self.strategy.pad_across_processes(tensor, dim, pad_index, pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         _check_tensors(tensor, "broadcast", "broadcast_object")
+        if debug_mode():
+            _verify("Accelerator.broadcast", tensor)
         return self.strategy.broadcast(tensor, from_process)
 
     def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
@@ -907,6 +931,13 @@ def _check_tensors(data: Any, name: str, instead: str) -> None:
                         f"use {instead}() for other objects")
     for _, value in items:
         _check_tensors(value, name, instead)
+
+
+def _verify(operation: str, data: Any, ndim_only: bool = False) -> None:
+    """Debug mode's check that every process passes the same shapes (`trainer.accelerator.operations.verify_operation`)."""
+    from trainer.accelerator.operations import recursively_apply, verify_operation  # lazy: it loads strategies.data
+
+    verify_operation(operation, data, recursively_apply(lambda t: [t.ndim], data) if ndim_only else None)
 
 
 _RNG_TYPES = ("generator", "torch", "cuda")

@@ -21,6 +21,14 @@ class DistributedType(str, enum.Enum):
     DEEPSPEED = "DEEPSPEED"
     XLA = "XLA"
     TPU = "XLA"  # noqa: PIE796  (Accelerate's old name: an alias, so `distributed_type == DistributedType.TPU` still works)
+    # Accelerate's other kinds, for scripts that compare against them; never reported here (no such backend is supported)
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    MEGATRON_LM = "MEGATRON_LM"
 
 
 @dataclass

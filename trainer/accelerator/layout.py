@@ -27,6 +27,8 @@ from trainer.accelerator.builder import strategy_from_name
 from trainer.accelerator.config import DeepSpeedPlugin, DistributedType
 
 _shared: list[Strategy] = []  # the process's layout
+_debug: list[bool] = []  # debug mode (`PartialState.debug`), read from the environment at its first use
+resets: list[int] = [0]  # how often `AcceleratorState._reset_state()` was called: an Accelerator made before refuses prepare()
 
 
 def share_strategy(strategy: Strategy) -> None:
@@ -188,6 +190,37 @@ class PartialState(ProcessLayout):
             share_strategy(strategy)
         self._strategy = _shared[0]
 
+    @property
+    def debug(self) -> bool:
+        """Accelerate's debug mode: before `gather`, `broadcast`, `reduce` and `pad_across_processes` (of `trainer.utils`
+        and the `Accelerator`) the processes compare their tensors' shapes, and a mismatch raises
+        `trainer.utils.DistributedOperationException` on every process instead of hanging. On from the start with
+        ``ACCELERATE_DEBUG_MODE=1`` or ``TRAINWRIGHT_DEBUG_COLLECTIVES=1``; one extra small gather per call while on."""
+        return debug_mode()
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"PartialState().debug must be True or False, got {value!r}")
+        _debug[:] = [value]
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy `group` (default: the process group this layout joined, if it created it; nothing in one process),
+        as Accelerate's. Collectives fail afterwards; call it at the end of a script."""
+        if group is None:
+            self.strategy.teardown()
+            return
+        import torch.distributed as dist
+
+        dist.destroy_process_group(group)
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the process's layout (Accelerate's): the next `PartialState()` or `Accelerator` sets it up again (the
+        process group joined stays; debug mode is read from the environment again)."""
+        _shared.clear()
+        _debug.clear()
+
     @classmethod
     def _of(cls, strategy: Strategy) -> Self:
         view = object.__new__(cls)
@@ -215,6 +248,14 @@ class AcceleratorState(PartialState):
 
     __slots__ = ()
 
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Accelerate's: the `Accelerator`s made so far stop working (their `prepare` raises `AttributeError`), a new
+        `Accelerator` starts afresh; ``reset_partial_state`` also forgets the layout (`PartialState._reset_state`)."""
+        resets[0] += 1
+        if reset_partial_state:
+            PartialState._reset_state()
+
     @property
     def mixed_precision(self) -> str:
         return self.strategy.precision.mode
@@ -233,6 +274,15 @@ class AcceleratorState(PartialState):
         plugin = DeepSpeedPlugin(zero_stage=getattr(self.strategy, "zero_stage", None))
         plugin.bind(config)
         return plugin
+
+
+def debug_mode() -> bool:
+    """Whether `PartialState.debug` is on (set there, or ``ACCELERATE_DEBUG_MODE`` / ``TRAINWRIGHT_DEBUG_COLLECTIVES``)."""
+    if not _debug:
+        from strategies.process_group import debug_collectives  # lazy: import cost (read once, when first asked)
+
+        _debug[:] = [debug_collectives()]
+    return _debug[0]
 
 
 def _index(value: Any, name: str) -> int:

@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from strategies.checkpoint_io import save_safetensors, torch_save
+from strategies.collectives import all_gather_object, is_distributed
 from strategies.compile import plain_view
 from strategies.data import find_batch_size
+from trainer.accelerator.layout import PartialState
 
 # Accelerate's checkpoint file names (its save_state layout; ours is in docs/checkpoints.md)
 SCALER_NAME = "scaler.pt"
@@ -313,6 +315,42 @@ def find_device(data: Any) -> torch.device | None:
                 return device
         return None
     return data.device if isinstance(data, torch.Tensor) else None
+
+
+# debug mode ----------------------------------------------------------------------------------------------
+class DistributedOperationException(ValueError):
+    """A collective was called with tensors that do not match across processes (Accelerate's, raised in debug mode:
+    `PartialState.debug`). A `ValueError`, as the checks our collectives always make raise."""
+
+
+def get_shape(data: Any) -> Any:
+    """The shapes of the tensors in `data` (lists of ints), in its structure."""
+    return recursively_apply(lambda t: list(t.shape), data)
+
+
+def verify_operation(operation: str, data: Any, shapes: Any = None) -> None:
+    """In debug mode (`PartialState.debug`) with several processes: raise `DistributedOperationException` on every process
+    unless every process passes tensors on the layout's device type with the same `shapes` (default: `data`'s).
+
+    Costs one small gather of the shapes; call it only while `trainer.accelerator.layout.debug_mode()` is on.
+    """
+    if not is_distributed():
+        return
+    device_type = PartialState().device.type
+    found = find_device(data)
+    wrong_device = found is not None and found.type != device_type
+    output = all_gather_object((get_shape(data) if shapes is None else shapes, wrong_device))
+    if any(bad for _, bad in output):
+        raise DistributedOperationException(
+            f"the tensors passed to {operation} are not all on {device_type}, the device type of this run (processes "
+            f"{[i for i, (_, bad) in enumerate(output) if bad]} are not); move them with .to({device_type!r}) first"
+        )
+    if any(shape != output[0][0] for shape, _ in output):
+        per_process = "\n  - ".join(f"Process {i}: {shape}" for i, (shape, _) in enumerate(output))
+        raise DistributedOperationException(
+            f"cannot apply {operation}: the tensors' shapes differ across processes. All shapes across devices must be "
+            f"valid.\n\nOperation: `{operation}`\nInput shapes:\n  - {per_process}"
+        )
 
 
 # models --------------------------------------------------------------------------------------------------

@@ -23,10 +23,12 @@ from trainer.fit.module import AttributeDict, TrainModule
 
 class DataModule:
     """Loaders and their preparation; the `Trainer` calls ``prepare_data`` (local rank 0 of each machine, the
-    others wait), then ``setup(stage)``, takes the loaders from the ``*_dataloader`` methods, and calls
-    ``teardown(stage)`` at the end. ``state_dict``/``load_state_dict`` are saved in checkpoints (JSON data)."""
+    others wait; with ``prepare_data_per_node = False``, global rank 0 only, for a file system all machines share),
+    then ``setup(stage)``, takes the loaders from the ``*_dataloader`` methods, and calls ``teardown(stage)`` at the
+    end. ``state_dict``/``load_state_dict`` are saved in checkpoints (JSON data)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # Lightning's signature: the arguments are not used
+        self.prepare_data_per_node: bool = True
         self.hparams: AttributeDict = AttributeDict()
         self.trainer: Any = None
         self._log_hyperparams = True

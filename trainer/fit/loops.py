@@ -113,6 +113,8 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         drawn, last = True, batch_idx + 1 >= total or (stream and loader.end_of_dataloader)
         validate = progress.validation_pending = validates and _validation_due(trainer, batch_idx, last)  # saved by checkpoints
         go_on = train_batch(batch, batch_idx, last)  # False: the processes agreed at its end to stop
+        if validates and not validate and (stop_agreed or not go_on) and can_stop_early(trainer) and _validation_due(trainer, batch_idx, True):
+            validate = progress.validation_pending = True  # a stop that takes effect here validates first, as Lightning's
         if validate:
             go_on = not _validate(trainer, val_loaders) and go_on
         progress.validation_pending = False

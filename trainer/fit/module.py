@@ -194,6 +194,8 @@ class TrainModule(nn.Module):
     """
 
     automatic_optimization: bool = True
+    # Lightning's: True, ``prepare_data`` runs on local rank 0 of each machine; False, on global rank 0 only
+    prepare_data_per_node: bool = True
     # properties TorchScript must not compile (`to_torchscript`): they read the run or Python-only state
     __jit_unused_properties__: ClassVar[list[str]] = [
         "trainer", "device", "global_step", "logger", "loggers", "global_rank", "local_rank", "current_epoch",

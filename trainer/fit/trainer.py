@@ -861,17 +861,20 @@ class Trainer:
                 warnings.warn(str(save_error), stacklevel=2)
 
     def _prepare_data(self, module: TrainModule, datamodule: Any) -> None:
-        """Lightning's ``prepare_data``: the datamodule's, then the module's (when it defines one), on local rank 0 of
-        each machine; the other processes wait."""
+        """Lightning's ``prepare_data``: the datamodule's, then the module's (when it defines one), each on local rank 0
+        of each machine, or on global rank 0 only where its ``prepare_data_per_node`` is False; the others wait."""
         own = overrides(module, "prepare_data", TrainModule)
         if datamodule is None and not own:
             return
-        if self.local_rank == 0:
-            if datamodule is not None:
-                datamodule.trainer = self
-                datamodule.prepare_data()
-            if own:
-                module.prepare_data()
+
+        def preparing(owner: Any) -> bool:
+            return self.local_rank == 0 if getattr(owner, "prepare_data_per_node", True) else self.global_rank == 0
+
+        if datamodule is not None and preparing(datamodule):
+            datamodule.trainer = self
+            datamodule.prepare_data()
+        if own and preparing(module):
+            module.prepare_data()
         if self.world_size > 1:
             self.accelerator.wait_for_everyone()  # the others wait for the data rank 0 of their machine prepared
 
