@@ -15,8 +15,8 @@ _MEGATRON = "Megatron-LM is not supported (there is no Megatron strategy); shard
 _BIG_MODEL = ("big-model inference (device maps, CPU/disk offload, dispatch across devices) is not part of trainwright, which "
               "trains; for inference use transformers' from_pretrained(device_map=...) or Accelerate's big_modeling itself")
 _BNB = "bitsandbytes quantization is not wired in; quantize with bitsandbytes / transformers (BitsAndBytesConfig) before prepare()"
-_FP8 = ("FP8 training is not wired in yet (it needs an NVIDIA GPU of compute capability 8.9+ and torchao or Transformer Engine); "
-        "Accelerator(mixed_precision='fp8') is refused with that reason; use mixed_precision='bf16'")
+_FP8 = ("Transformer Engine's FP8 is not wired in; FP8 runs through torchao: Accelerator(mixed_precision='fp8', "
+        "kwargs_handlers=[AORecipeKwargs()]) on an NVIDIA GPU of compute capability 8.9+ (trainer.utils.convert_model_to_fp8_ao converts a model)")
 _FSDP1 = ("an FSDP1 (FullyShardedDataParallel) helper: strategy='fsdp' is FSDP2 (fully_shard); save and load through "
           "accelerator.save_state/load_state, full weights through accelerator.get_state_dict/save_model")
 _FSDP2_STEPS = "a step of Accelerate's own FSDP2 preparation; strategies.fsdp does it inside accelerator.prepare()"
@@ -59,8 +59,8 @@ UNSUPPORTED: dict[str, dict[str, list[str]]] = {
                      "load_state_dict", "named_module_tensors", "offload_state_dict", "offload_weight", "retie_parameters",
                      "save_offload_index", "set_module_tensor_to_device", "clean_state_dict_for_safetensors"],
         _BNB: ["BnbQuantizationConfig", "has_4bit_bnb_layers", "load_and_quantize_model"],
-        _FP8: ["apply_fp8_autowrap", "check_cuda_fp8_capability", "contextual_fp8_autocast", "convert_model", "convert_model_to_fp8_ao",
-               "filter_first_and_last_linear_layers", "has_ao_layers", "has_transformer_engine_layers", "torchao_required"],
+        _FP8: ["apply_fp8_autowrap", "check_cuda_fp8_capability", "contextual_fp8_autocast", "convert_model",
+               "has_transformer_engine_layers", "torchao_required"],
         _FSDP1: ["load_fsdp_model", "load_fsdp_optimizer", "merge_fsdp_weights", "save_fsdp_model", "save_fsdp_optimizer",
                  "disable_fsdp_ram_efficient_loading", "enable_fsdp_ram_efficient_loading"],
         _FSDP2_STEPS: ["fsdp2_apply_ac", "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict", "fsdp2_prepare_model",

@@ -18,6 +18,7 @@ from strategies import collectives as _collectives
 from strategies.collectives import broadcast_object, gather_object
 from strategies.data import find_batch_size
 from strategies.data import send_to_device as _send_to_device
+from strategies.fp8 import convert_model_to_fp8_ao, filter_first_and_last_linear_layers, has_ao_layers
 from strategies.xla import seed_xla
 from trainer.accelerator.availability import (
     is_4bit_bnb_available,
@@ -377,9 +378,11 @@ __all__ = [
     "compare_versions",
     "concatenate",
     "convert_bytes",
+    "convert_model_to_fp8_ao",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
     "extract_model_from_parallel",
+    "filter_first_and_last_linear_layers",
     "find_batch_size",
     "find_device",
     "find_executable_batch_size",
@@ -389,6 +392,7 @@ __all__ = [
     "get_grad_scaler",
     "get_int_from_env",
     "get_pretty_name",
+    "has_ao_layers",
     "has_compiled_regions",
     "honor_type",
     "ignorant_find_batch_size",

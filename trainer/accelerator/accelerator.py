@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from strategies import Strategy
+from strategies import fp8 as fp8_module
 from strategies.abilities import Engine
 from strategies.checkpoint_io import save_model_weights, save_safetensors, torch_save
 from strategies.checkpoint_store import CheckpointStore
@@ -55,7 +56,7 @@ from trainer.accelerator.config import (
 from trainer.accelerator.dummies import DummyOptim, DummyScheduler, EngineScheduler, auto_values, check_placeholders
 from trainer.accelerator.gradient_state import GradientState
 from trainer.accelerator.gradient_state import track as track_gradient_state
-from trainer.accelerator.kwargs import AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
+from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
 from trainer.accelerator.layout import AcceleratorState, ProcessLayout, debug_mode, share_strategy
 from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
@@ -123,7 +124,12 @@ class Accelerator(ProcessLayout):
         parallelism_config: ParallelismConfig | None = None,
     ) -> None:
         handlers = KwargsHandlers.sort(kwargs_handlers)  # Accelerate's kwargs_handlers, one per kind: each honoured below, or refused
-        _refuse_fp8(mixed_precision or env_setting("MIXED_PRECISION", "no"), handlers, bool(env_flag("CPU")) if cpu is None else bool(cpu))
+        fp8_backend = _fp8_backend(mixed_precision or env_setting("MIXED_PRECISION", "no"), handlers,
+                                   bool(env_flag("CPU")) if cpu is None else bool(cpu))
+        if fp8_backend is not None:  # Accelerate runs FP8 under bf16 autocast; the Float8Linear swap happens at prepare
+            mixed_precision = "bf16"
+            if handlers.ao_recipe_handler is None and not handlers.fp8_recipes():
+                handlers.ao_recipe_handler = AORecipeKwargs()  # Accelerate fills in the default recipe the same way
         if isinstance(strategy, Strategy) and mixed_precision is not None and normalize_precision(mixed_precision) != strategy.precision.mode:
             raise ValueError(
                 f"mixed_precision={mixed_precision!r} but the {type(strategy).__name__} passed was built with precision="
@@ -161,7 +167,8 @@ class Accelerator(ProcessLayout):
         self.te_recipe_handler = handlers.te_recipe_handler
         self.msamp_recipe_handler = handlers.msamp_recipe_handler
         self.has_fp8_handler = bool(handlers.fp8_recipes())
-        self.fp8_enabled = False  # FP8 is refused above
+        self.fp8_enabled = fp8_backend is not None
+        self._fp8_backend = fp8_backend or "NO"
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both (the plugin carries a backend)")
         if dynamo_plugin is None and dynamo_backend is None and env_setting("DYNAMO_PLUGIN"):
@@ -248,7 +255,18 @@ class Accelerator(ProcessLayout):
 
     @property
     def mixed_precision(self) -> str:
-        return self.strategy.precision.mode
+        return "fp8" if self.fp8_enabled else self.strategy.precision.mode
+
+    @property
+    def fp8_backend(self) -> str:
+        """The FP8 backend, as Accelerate names it: ``"AO"`` (torchao) with FP8, else ``"NO"``."""
+        return self._fp8_backend
+
+    def _to_float8(self, model: nn.Module, evaluation_mode: bool = False) -> nn.Module:
+        """With FP8: swap the model's eligible linear layers for torchao's Float8Linear, before any wrapping."""
+        if not self.fp8_enabled or evaluation_mode:
+            return model
+        return fp8_module.convert_to_float8(model, self.ao_recipe_handler)
 
     @property
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
@@ -366,6 +384,12 @@ class Accelerator(ProcessLayout):
         for i, obj in enumerate(args):
             if isinstance(obj, torch.optim.Optimizer) and i not in done:
                 out[i] = self.prepare_optimizer(obj)
+        models = [o for o in out if isinstance(o, nn.Module)]
+        optimizers = [o.optimizer for o in out if isinstance(o, PreparedOptimizer)]
+        if self.fp8_enabled and self.strategy.name == "fsdp" and models and optimizers \
+                and fp8_module.uses_fsdp_float8_all_gather(self.ao_recipe_handler):
+            # FSDP2 with float8 all-gather: refresh the float8 weight scales after each step (Accelerate, torchao)
+            fp8_module.precompute_scales_after_step(optimizers[0], models[0])
         for i, obj in enumerate(args):
             if i in done:
                 continue
@@ -395,6 +419,7 @@ class Accelerator(ProcessLayout):
             batch_size = int(loaders[0].batch_size or 1) // (self.num_processes if self.split_batches else 1) or 1
         i = models[0]
         model, compiled = unwrap_compiled(args[i])
+        model = self._to_float8(model)
         # DummyOptim / DummyScheduler: the engine builds the optimizer and schedule its config describes
         dummy = next((j for j, obj in enumerate(args) if isinstance(obj, DummyOptim)), None)
         schedule = next((j for j, obj in enumerate(args) if isinstance(obj, DummyScheduler)), None)
@@ -428,6 +453,7 @@ class Accelerator(ProcessLayout):
         """
         move = device_placement is not False
         model, compiled = unwrap_compiled(model)  # torch.compile(model): set the model up, then compile it the same way
+        model = self._to_float8(model, evaluation_mode)
         model = self.strategy.setup_module(model, move=move, wrap=not evaluation_mode)
         self.strategy.precision.convert_module(self.strategy.unwrap_module(model))
         self._compile(model, compiled)
@@ -880,14 +906,21 @@ def _check_placeholders(strategy: Strategy, args: tuple[Any, ...]) -> None:
         check_placeholders(config, optimizer, scheduler, strategy.name)
 
 
-def _refuse_fp8(requested: Any, handlers: KwargsHandlers, cpu: bool) -> None:
-    """``mixed_precision="fp8"`` or an FP8 recipe handler: refused, naming the GPU requirement (`check_fp8`)."""
+def _fp8_backend(requested: Any, handlers: KwargsHandlers, cpu: bool) -> str | None:
+    """``mixed_precision="fp8"`` or an FP8 recipe handler: the backend (``"AO"``), after checking the GPU (`check_fp8`)
+    and the package; None without FP8. A recipe without ``mixed_precision="fp8"`` is refused, as in Accelerate."""
     recipes = handlers.fp8_recipes()
-    if str(requested).strip().lower() != "fp8" and not recipes:
-        return
+    fp8 = str(requested).strip().lower() == "fp8"
+    if not fp8 and not recipes:
+        return None
     what = "mixed_precision='fp8'" if not recipes else f"kwargs_handlers=[{type(recipes[0]).__name__}(...)] (an FP8 recipe)"
     cuda = not cpu and torch.cuda.is_available()
     check_fp8("cuda" if cuda else "cpu", torch.cuda.get_device_capability() if cuda else None, what)
+    if not fp8:
+        raise ValueError(f"{what} needs mixed_precision='fp8' (as in Accelerate); pass Accelerator(mixed_precision='fp8', ...)")
+    backend = fp8_module.resolve_backend(recipes)
+    fp8_module.require_backend(backend)
+    return backend
 
 
 def _configure_precision(precision: Any, handlers: KwargsHandlers) -> None:

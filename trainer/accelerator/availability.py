@@ -228,8 +228,8 @@ def is_fp16_available() -> bool:
 
 
 def is_fp8_available() -> bool:
-    """Whether FP8 could run here: an NVIDIA GPU of compute capability 8.9+ and torchao or Transformer Engine. Note that
-    the `Accelerator` refuses ``mixed_precision="fp8"`` either way (not wired yet)."""
+    """Whether FP8 could run here: an NVIDIA GPU of compute capability 8.9+ and torchao or Transformer Engine (of the
+    backends, the `Accelerator` runs torchao; see docs/precision.md)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         return False
     return is_torchao_available() or is_transformer_engine_available() or is_msamp_available()

@@ -13,8 +13,8 @@ Where each goes: `DistributedDataParallelKwargs` into ``DistributedDataParallel(
 into the fp16 loss scaler; `AutocastKwargs` into every autocast region (the prepared model's forward and
 ``accelerator.autocast()``); `ProfileKwargs` into ``accelerator.profile()``. A setting that cannot take effect in the
 run it is given to is an error naming the fix, never dropped. The FP8 recipes (`AORecipeKwargs`, `TERecipeKwargs`,
-`MSAMPRecipeKwargs`, `FP8RecipeKwargs`) are accepted as records, and refused by the `Accelerator` with the reason
-(FP8 needs an NVIDIA GPU of compute capability 8.9 or newer, and is not wired yet).
+`MSAMPRecipeKwargs`, `FP8RecipeKwargs`) pick the FP8 backend (`strategies.fp8`): torchao converts the model at
+``prepare``; FP8 needs an NVIDIA GPU of compute capability 8.9 or newer, and is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from strategies.fp8 import check_fp8_device
 
 
 class KwargsHandler:
@@ -286,10 +288,10 @@ class ProfileKwargs(KwargsHandler):
         )
 
 
-# FP8 recipes: records only. FP8 needs an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper, Blackwell).
+# FP8 recipes (strategies.fp8 applies them). FP8 needs an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper, Blackwell).
 @dataclass
 class AORecipeKwargs(KwargsHandler):
-    """torchao's FP8 recipe (Accelerate's fields). Refused by the `Accelerator`: see `check_fp8`."""
+    """torchao's FP8 recipe (Accelerate's fields): a ``Float8LinearConfig`` or its two flags, and a module filter (`strategies.fp8`)."""
 
     config: Any = None
     module_filter_func: Callable[..., Any] | None = None
@@ -299,7 +301,7 @@ class AORecipeKwargs(KwargsHandler):
 
 @dataclass
 class TERecipeKwargs(KwargsHandler):
-    """Transformer Engine's FP8 recipe (Accelerate's fields). Refused by the `Accelerator`: see `check_fp8`."""
+    """Transformer Engine's FP8 recipe (Accelerate's fields). Not wired: the `Accelerator` refuses it, naming the package."""
 
     use_autocast_during_eval: bool | None = None
     margin: int | None = None
@@ -313,32 +315,24 @@ class TERecipeKwargs(KwargsHandler):
 
 @dataclass
 class MSAMPRecipeKwargs(KwargsHandler):
-    """MS-AMP's FP8 recipe (Accelerate's fields). Refused by the `Accelerator`: see `check_fp8`."""
+    """MS-AMP's FP8 recipe (Accelerate's fields). Not wired: the `Accelerator` refuses it, naming the package."""
 
     opt_level: str | None = None
 
 
 @dataclass
 class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
-    """Accelerate's deprecated FP8 recipe (a ``backend`` plus the TE and MS-AMP fields). Refused by the `Accelerator`."""
+    """Accelerate's deprecated FP8 recipe (a ``backend`` plus the TE and MS-AMP fields); ``backend`` is ``"TE"`` or ``"MSAMP"``."""
 
     backend: str | None = None
 
 
 FP8_RECIPES = (AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs, FP8RecipeKwargs)
-FP8_REQUIREMENT = "FP8 training needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell) with torchao or Transformer Engine"
 
 
 def check_fp8(device_type: str, capability: tuple[int, int] | None, what: str) -> None:
-    """Refuse FP8 (`what` names the request): on a machine without such a GPU, naming the requirement; on one with
-    it, because the FP8 backends are not wired into the strategies yet."""
-    if device_type != "cuda" or capability is None or capability < (8, 9):
-        where = "this machine has no GPU" if device_type != "cuda" else f"this GPU has compute capability {capability}"
-        raise ValueError(f"{what}: {FP8_REQUIREMENT}, and {where}. Use mixed_precision='bf16' (or 'fp16') instead")
-    raise NotImplementedError(
-        f"{what}: FP8 training (torchao / Transformer Engine) is not wired into trainwright's strategies yet; use "
-        "mixed_precision='bf16', which this GPU supports"
-    )
+    """Refuse FP8 (`what` names the request) on a machine without an NVIDIA GPU of compute capability 8.9+."""
+    check_fp8_device(device_type, capability, what)
 
 
 _ATTRIBUTES: dict[type, str] = {

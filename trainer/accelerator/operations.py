@@ -55,7 +55,7 @@ class _ValueEnum(str, enum.Enum):
 
 
 class PrecisionType(_ValueEnum):
-    """Accelerate's mixed-precision names (``"fp8"`` is refused by the `Accelerator`, see docs/precision.md)."""
+    """Accelerate's mixed-precision names (``"fp8"``: torchao float8 on a GPU of compute capability 8.9+, see docs/precision.md)."""
 
     NO = "no"
     FP8 = "fp8"
