@@ -21,8 +21,7 @@ from torch import nn
 from torch.optim.swa_utils import SWALR
 
 from callbacks.base import Callback
-from callbacks.weight_averaging import AVERAGED_MODEL_FILE, refuse_sharded
-from trainer.accelerator.state import Part
+from callbacks.weight_averaging import AveragedModelSlot, refuse_sharded
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
@@ -80,8 +79,7 @@ class StochasticWeightAveraging(Callback):
         self._start_epoch = 0  # swa_epoch_start as an int (1-based), fixed at fit start
         self._max_epochs = -1
         self._contains_batch_norm = False
-        self._part: Part | None = None
-        self._accelerator: Any = None
+        self._slot = AveragedModelSlot()
         self.momenta: dict[nn.Module, float | None] = {}  # the BatchNorm momenta while their statistics are recomputed
 
     @property
@@ -113,18 +111,12 @@ class StochasticWeightAveraging(Callback):
         if stage != "fit":
             return
         refuse_sharded(self, trainer.strategy)
-        parts = trainer.accelerator.checkpoint_parts
-        if any(part.file == AVERAGED_MODEL_FILE and part is not self._part for part in parts):
-            raise ValueError(f"{type(self).__name__}: a Trainer takes one weight-averaging callback; remove the others")
-        self._remove_part()
+        self._slot.attach(self, trainer, _SWAState(self))
         self._average_model = _copy_without_trainer(module)
-        self._part = Part(AVERAGED_MODEL_FILE, "torch", _SWAState(self), optional=True)
-        self._accelerator = trainer.accelerator
-        parts.append(self._part)
 
     def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         if stage == "fit":
-            self._remove_part()
+            self._slot.detach()
 
     def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
         if len(trainer.optimizers) != 1:
@@ -258,11 +250,6 @@ class StochasticWeightAveraging(Callback):
             module.train(was_training)
             self.reset_momenta()
 
-    def _remove_part(self) -> None:
-        if self._accelerator is not None and self._part is not None:
-            parts = self._accelerator.checkpoint_parts
-            parts[:] = [part for part in parts if part is not self._part]
-        self._part, self._accelerator = None, None
 
 
 @dataclass

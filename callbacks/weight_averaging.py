@@ -74,8 +74,7 @@ class WeightAveraging(Callback):
         self._use_buffers = use_buffers
         self._kwargs = kwargs
         self._average_model: AveragedModel | None = None
-        self._part: Part | None = None
-        self._accelerator: Any = None  # whose checkpoint_parts hold `_part` during a fit
+        self._slot = AveragedModelSlot()
         self._sharded = False  # whether this fit's module is sharded with FSDP (then so is the average)
         # optimizer steps taken at the last update: should_update is first asked after the first optimizer step
         self._latest_update_step = 0
@@ -96,19 +95,13 @@ class WeightAveraging(Callback):
         if stage != "fit":
             return
         self._sharded = _check_strategy(self, trainer.strategy)
-        parts = trainer.accelerator.checkpoint_parts
-        if any(part.file == AVERAGED_MODEL_FILE and part is not self._part for part in parts):
-            raise ValueError(f"{type(self).__name__}: a Trainer takes one weight-averaging callback; remove the others")
-        self._remove_part()
         self._average_model = None  # a new average for every fit, as Lightning's (built at on_fit_start, or by the resume)
         strategy = trainer.strategy if self._sharded else None
-        self._part = Part(AVERAGED_MODEL_FILE, "torch", _AveragedState(self, module, strategy), optional=True)
-        self._accelerator = trainer.accelerator
-        parts.append(self._part)
+        self._slot.attach(self, trainer, _AveragedState(self, module, strategy))
 
     def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         if stage == "fit":
-            self._remove_part()
+            self._slot.detach()
 
     def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
         self._build(module)  # (unless a resumed checkpoint built and filled it already)
@@ -183,7 +176,26 @@ class WeightAveraging(Callback):
 
             reshard(module)
 
-    def _remove_part(self) -> None:
+
+class AveragedModelSlot:
+    """The averaged model's place in a fit's checkpoints (`AVERAGED_MODEL_FILE`): one per Trainer, taken at the
+    averaging callback's ``setup`` and given back at its ``teardown`` (`WeightAveraging`, `StochasticWeightAveraging`)."""
+
+    def __init__(self) -> None:
+        self._part: Part | None = None
+        self._accelerator: Any = None  # whose checkpoint_parts hold `_part` during a fit
+
+    def attach(self, owner: Callback, trainer: TrainerView, state: Any) -> None:
+        """Add `state` (``state_dict``/``load_state_dict``) to the checkpoints; another averaging callback's is a `ValueError`."""
+        parts = trainer.accelerator.checkpoint_parts
+        if any(part.file == AVERAGED_MODEL_FILE and part is not self._part for part in parts):
+            raise ValueError(f"{type(owner).__name__}: a Trainer takes one weight-averaging callback; remove the others")
+        self.detach()
+        self._part = Part(AVERAGED_MODEL_FILE, "torch", state, optional=True)
+        self._accelerator = trainer.accelerator
+        parts.append(self._part)
+
+    def detach(self) -> None:
         if self._accelerator is not None and self._part is not None:
             parts = self._accelerator.checkpoint_parts
             parts[:] = [part for part in parts if part is not self._part]
