@@ -42,6 +42,34 @@ def _digest(kwargs: dict[str, Any]) -> tuple[str, dict[str, list[int]]]:
     return h.hexdigest()[:16], shapes
 
 
+class _WholePrints:
+    """Standard output that reaches the pipe one whole print at a time.
+
+    ``print(x)`` writes ``x`` and then ``"\\n"`` in two calls; between them another process's print can land in the middle
+    of a line (seen with multi-line tensor reprs). This keeps what was written until it ends a line, then writes it in one
+    call (atomic on a pipe up to its buffer size), so the processes' outputs interleave by whole prints.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._pending: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._pending.append(text)
+        if text.endswith("\n"):
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write("".join(self._pending))
+            self._pending.clear()
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--framework", choices=["accelerate", "trainer"], required=True)
@@ -50,7 +78,7 @@ def main() -> None:
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args()
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # whole lines: processes interleave by line only
+    sys.stdout = _WholePrints(sys.stdout)  # processes interleave by whole print only
     trace = Path(opts.trace)
     trace.mkdir(parents=True, exist_ok=True)
     out = open(trace / f"rank{os.environ.get('RANK', '0')}.jsonl", "w")  # noqa: SIM115 (open for the whole run)
