@@ -102,12 +102,15 @@ def map_file(path: Path, algorithm: str | None = None) -> tuple[Any, str | None]
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         data: Any = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
-    if algorithm is None:
-        return data, None
+    return data, None if algorithm is None else digest_of(data, algorithm)
+
+
+def digest_of(data: Any, algorithm: str) -> str:
+    """The digest of the buffer `data` (releases the GIL while hashing: another thread may parse the same buffer)."""
     hasher = new_hasher(algorithm)
     hasher.update(data)
     digest: str = hasher.hexdigest()
-    return data, digest
+    return digest
 
 
 class MemoryFile(io.RawIOBase):

@@ -16,7 +16,7 @@ go); this module writes and reads the files. A checkpoint directory (`Accelerato
 
 `CheckpointWriter` stages it in ``.<name>.partial`` and hashes each file in the pass that writes it (DCP's shard
 files too); `CheckpointReader` checks each file against the manifest in the pass that reads it, before any of it
-is used. The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
+is used (a ``torch.save`` file is parsed into new memory while it is hashed, and returned only once checked). The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.checkpoint_hash import HASHES, LEGACY_HASH, HashingFile, MemoryFile, choose_hash, hash_file, map_file
+from strategies.checkpoint_hash import HASHES, LEGACY_HASH, HashingFile, MemoryFile, choose_hash, digest_of, hash_file, map_file
 from strategies.materialize import is_sharded_module, load_safetensors_slices
 
 
@@ -667,7 +667,8 @@ class CheckpointReader:
 
     Each file a load reads comes through a method here: mapped, hashed (the one pass that reads it from disk),
     compared with its manifest digest, and only then parsed from memory, so a damaged file is refused with a
-    `CheckpointError` naming it before any of its bytes are used. What a load applied from the files it read before stays applied. Inside
+    `CheckpointError` naming it before any of its bytes are used (`torch_load` parses into new memory while the
+    helper hashes, and returns nothing before the check). What a load applied from the files it read before stays applied. Inside
     `agreed()` the processes finish together: a file no process read is hashed then (split across the processes),
     and a problem any process found is raised on every process.
 
@@ -685,33 +686,36 @@ class CheckpointReader:
         self.hashes = hashes and self.expected is not None
         self.share = share
         self.checked: set[str] = set()  # the files this process read and found intact
-        self._ahead: dict[str, Future[tuple[Any, str | None]]] = {}  # files mapped and hashed ahead of their use
+        self._ahead: dict[str, tuple[Any, Future[str]]] = {}  # files mapped, and hashed ahead of their use
 
     def path(self, name: str) -> Path:
         return self.directory / name
 
     def prefetch(self, names: Sequence[str]) -> None:
-        """Map and hash the files `names` ahead, in this order, on a helper thread (the hash releases the GIL) while
-        the load waits on the other processes or parses and copies the files before them: `read` then waits only for
-        a file's own check, and nothing of a file is used before it. Each file is still read once."""
+        """Map the files `names` and hash them ahead, in this order, on a helper thread (the hash releases the GIL)
+        while the load waits on the other processes or parses and copies the files before them: `read` then waits
+        only for a file's own check, and nothing of a file is used before it. Each file is still read once."""
         if not self.hashes:
             return
         for name in names:
             if name not in self._ahead and name in (self.expected or {}):
-                self._ahead[name] = _hashers().submit(map_file, self.directory / name, self.algorithm)
+                self._ahead[name] = self._hash_ahead(name)
+
+    def _hash_ahead(self, name: str) -> tuple[Any, Future[str]]:
+        data = map_file(self.directory / name)[0]
+        return data, _hashers().submit(digest_of, data, self.algorithm)
 
     def close(self, *, check: bool = True) -> None:
         """Stop hashing ahead: files not started are dropped; those hashed already are checked (a file read is a file
         checked, whether or not the load used it), raising `CheckpointError` for a damaged one (unless not `check`)."""
         ahead, self._ahead = self._ahead, {}
-        for future in ahead.values():
+        for _, future in ahead.values():
             future.cancel()
-        for name, future in ahead.items():
+        for name, (data, future) in ahead.items():
             if not future.cancelled():
                 future.exception()  # (waits: no file stays mapped by a helper past the load)
             if check and not future.cancelled() and future.exception() is None:
-                data, digest = future.result()
-                self._check(name, len(data), str(digest))
+                self._check(name, len(data), future.result())
 
     def _check(self, name: str, size: int, digest: str) -> None:
         entry = (self.expected or {}).get(name)
@@ -727,7 +731,7 @@ class CheckpointReader:
         if not self.hashes:
             return map_file(self.directory / name)[0]
         ahead = self._ahead.pop(name, None)
-        data, digest = ahead.result() if ahead is not None else map_file(self.directory / name, self.algorithm)
+        data, digest = (ahead[0], ahead[1].result()) if ahead is not None else map_file(self.directory / name, self.algorithm)
         self._check(name, len(data), str(digest))
         return data
 
@@ -738,10 +742,24 @@ class CheckpointReader:
         return MemoryFile(self.read(path.relative_to(self.directory).as_posix()))
 
     def torch_load(self, name: str, map_location: Any = "cpu") -> Any:
-        """`torch_load` of the file `name`, checked first."""
+        """`torch_load` of the file `name`, returned once the file is checked.
+
+        The file is parsed while the helper thread hashes it (the two passes overlap instead of adding up), into new
+        memory and without executing anything (``weights_only``); nothing parsed is returned before the digest
+        matched, and a parse that failed on a damaged file is reported as the damage.
+        """
         if not self.hashes:
             return torch_load(self.path(name), map_location=map_location)
-        return torch_load(self.path(name), map_location=map_location, data=MemoryFile(self.read(name)))
+        if name not in (self.expected or {}):
+            raise _refusal(self.directory, [f"{name} is not in its manifest"])
+        data, digest = self._ahead.pop(name) if name in self._ahead else self._hash_ahead(name)
+        try:
+            state = torch_load(self.path(name), map_location=map_location, data=MemoryFile(data))
+        except Exception:
+            self._check(name, len(data), digest.result())  # (damage explains the failure: refuse as damaged)
+            raise
+        self._check(name, len(data), digest.result())
+        return state
 
     def read_json(self, name: str) -> Any:
         data = bytes(self.read(name))

@@ -121,8 +121,23 @@ def test_a_flipped_byte_is_refused_in_the_read_that_loads_the_file(tmp_path: Pat
     before = _state(model)
     with pytest.raises(CheckpointError, match=rf"refusing to load checkpoint .*{name.replace('.', '[.]')} was modified"):
         acc.load_state(path)
-    if name == "model.safetensors":  # the first file read: nothing was loaded
+    if name in ("model.safetensors", "optimizer.bin"):  # checked before any model or optimizer is changed
         assert _same(before, model.state_dict())
+
+
+def test_an_optimizer_file_damaged_where_it_cannot_be_parsed_is_refused_as_damaged(tmp_path: Path) -> None:
+    """The optimizer file is parsed while it is hashed: a parse that fails on the damage reports the damage (not a
+    parse error), and neither the model nor the optimizer was changed."""
+    acc, model, opt = _prepared()
+    path = Path(acc.save_state(tmp_path / "ckpt"))
+    data = bytearray((path / "optimizer.bin").read_bytes())
+    start = data.index(b"data.pkl") + len(b"data.pkl")  # (the pickle follows its name in the zip)
+    data[start : start + 40] = bytes(b ^ 0x5A for b in data[start : start + 40])
+    (path / "optimizer.bin").write_bytes(bytes(data))
+    before, before_opt = _state(model), repr(opt.state_dict())
+    with pytest.raises(CheckpointError, match=r"optimizer[.]bin was modified"):
+        acc.load_state(path)
+    assert _same(before, model.state_dict()) and repr(opt.state_dict()) == before_opt
 
 
 def test_a_file_nobody_loads_is_still_checked(tmp_path: Path) -> None:
