@@ -26,6 +26,7 @@ DEFAULT_HASH = "xxh3_128"
 HASHES = ("xxh3_128", "sha256")
 LEGACY_HASH = "sha256"  # format 2: a "sha256" per file, no "hash" in the manifest
 _CHUNK = 1 << 22
+_SLICE = 1 << 20  # hashed right after it is copied, while it is in the cache
 
 
 def choose_hash(name: str | None = None) -> str:
@@ -140,3 +141,40 @@ class MemoryFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
+
+
+class HashingMemoryFile(MemoryFile):
+    """A `MemoryFile` that hashes what is read through it, in the pass that copies it out: reads that go on from where
+    hashing stands (a parser reading the file front to back) are hashed slice by slice from the copy, while it is in
+    the cache, instead of in a second pass over the whole file; small skips ahead are hashed from the buffer on the
+    way. `hexdigest` hashes the rest (what was read out of order or never) from the buffer: the digest is always
+    that of the whole buffer, in order.
+    """
+
+    def __init__(self, buffer: Any, algorithm: str) -> None:
+        super().__init__(buffer)
+        self._hasher, self._hashed = new_hasher(algorithm), 0
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        start = self._pos
+        n = max(0, min(len(out), len(self._view) - start))
+        if n and self._hashed < start <= self._hashed + _SLICE:  # a small skip (a zip's names, alignment): hashed here
+            self._hasher.update(self._view[self._hashed : start])
+            self._hashed = start
+        for i in range(0, n, _SLICE):
+            j = min(n, i + _SLICE)
+            out[i:j] = self._view[start + i : start + j]
+            if start + i <= self._hashed < start + j:
+                self._hasher.update(out[self._hashed - start : j])
+                self._hashed = start + j
+        self._pos = start + n
+        return n
+
+    def hexdigest(self) -> str:
+        """The digest of the whole buffer (hashing what the reads did not)."""
+        if self._hashed < len(self._view):
+            self._hasher.update(self._view[self._hashed :])
+            self._hashed = len(self._view)
+        digest: str = self._hasher.hexdigest()
+        return digest

@@ -16,7 +16,7 @@ go); this module writes and reads the files. A checkpoint directory (`Accelerato
 
 `CheckpointWriter` stages it in ``.<name>.partial`` and hashes each file in the pass that writes it (DCP's shard
 files too); `CheckpointReader` checks each file against the manifest in the pass that reads it, before any of it
-is used (a ``torch.save`` file is parsed into new memory while it is hashed, and returned only once checked). The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
+is used (a ``torch.save`` file is hashed in the pass that parses it into new memory, and returned only once checked). The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +38,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategies.checkpoint_hash import HASHES, LEGACY_HASH, HashingFile, MemoryFile, choose_hash, digest_of, hash_file, map_file
+from strategies.checkpoint_hash import (
+    HASHES,
+    LEGACY_HASH,
+    HashingFile,
+    HashingMemoryFile,
+    MemoryFile,
+    choose_hash,
+    digest_of,
+    hash_file,
+    map_file,
+)
 from strategies.materialize import is_sharded_module, load_safetensors_slices
 
 
@@ -667,8 +677,8 @@ class CheckpointReader:
 
     Each file a load reads comes through a method here: mapped, hashed (the one pass that reads it from disk),
     compared with its manifest digest, and only then parsed from memory, so a damaged file is refused with a
-    `CheckpointError` naming it before any of its bytes are used (`torch_load` parses into new memory while the
-    helper hashes, and returns nothing before the check). What a load applied from the files it read before stays applied. Inside
+    `CheckpointError` naming it before any of its bytes are used (`torch_load` hashes in the pass that parses into
+    new memory, and returns nothing before the check). What a load applied from the files it read before stays applied. Inside
     `agreed()` the processes finish together: a file no process read is hashed then (split across the processes),
     and a problem any process found is raised on every process.
 
@@ -744,21 +754,25 @@ class CheckpointReader:
     def torch_load(self, name: str, map_location: Any = "cpu") -> Any:
         """`torch_load` of the file `name`, returned once the file is checked.
 
-        The file is parsed while the helper thread hashes it (the two passes overlap instead of adding up), into new
-        memory and without executing anything (``weights_only``); nothing parsed is returned before the digest
-        matched, and a parse that failed on a damaged file is reported as the damage.
+        The file is hashed in the pass that parses it (`HashingMemoryFile`: each slice hashed as it is copied out,
+        while in the cache), into new memory and without executing anything (``weights_only``); nothing parsed is
+        returned before the digest matched, and a parse that failed on a damaged file is reported as the damage.
         """
         if not self.hashes:
             return torch_load(self.path(name), map_location=map_location)
         if name not in (self.expected or {}):
             raise _refusal(self.directory, [f"{name} is not in its manifest"])
-        data, digest = self._ahead.pop(name) if name in self._ahead else self._hash_ahead(name)
+        ahead = self._ahead.pop(name, None)
+        if ahead is not None:
+            ahead[1].cancel()  # (hashed here instead)
+        data = ahead[0] if ahead is not None else map_file(self.path(name))[0]
+        stream = HashingMemoryFile(data, self.algorithm)
         try:
-            state = torch_load(self.path(name), map_location=map_location, data=MemoryFile(data))
+            state = torch_load(self.path(name), map_location=map_location, data=stream)
         except Exception:
-            self._check(name, len(data), digest.result())  # (damage explains the failure: refuse as damaged)
+            self._check(name, len(data), stream.hexdigest())  # (damage explains the failure: refuse as damaged)
             raise
-        self._check(name, len(data), digest.result())
+        self._check(name, len(data), stream.hexdigest())
         return state
 
     def read_json(self, name: str) -> Any:

@@ -222,3 +222,25 @@ def test_the_default_hash_and_the_choice() -> None:
     assert checkpoint_hash.choose_hash() == "xxh3_128" and checkpoint_hash.choose_hash("sha256") == "sha256"
     with pytest.raises(ValueError, match=r"hash='crc32' is not a checkpoint hash"):
         checkpoint_hash.choose_hash("crc32")
+
+
+@pytest.mark.parametrize("reads", [
+    [(0, 10_000)],  # front to back in one read
+    [(0, 30), (64, 5000), (5100, 4900)],  # a parser that skips names and padding (a zip)
+    [(9000, 1000), (0, 4), (0, 30), (5000, 3000)],  # the end first, then rereads, a gap too large to fill on the way
+    [(3000, 10), (100, 50)],  # most bytes never read
+])
+@pytest.mark.parametrize("slice_size", [1 << 20, 64])  # (64: reads span many slices; large skips are left to the end)
+def test_a_hashing_memory_file_gives_the_whole_buffer_s_digest_for_any_reads(
+    reads: list[tuple[int, int]], slice_size: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(checkpoint_hash, "_SLICE", slice_size)
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    algorithm = "xxh3_128"
+    stream = checkpoint_hash.HashingMemoryFile(data, algorithm)
+    for offset, size in reads:
+        stream.seek(offset)
+        out = bytearray(size)
+        n = stream.readinto(out)
+        assert bytes(out[:n]) == data[offset : offset + n]
+    assert stream.hexdigest() == checkpoint_hash.digest_of(data, algorithm) == xxhash.xxh3_128(data).hexdigest()
