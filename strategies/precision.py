@@ -143,6 +143,7 @@ class Precision:
         self.autocast_settings: dict[str, Any] = {}  # torch.autocast's enabled / cache_enabled (Accelerate's AutocastKwargs)
         self._unscaled: set[int] = set()
         self.step_was_skipped = False
+        self.float8 = False  # set by an Accelerator with mixed_precision='fp8' (bf16 autocast, Float8 linears): reported as "fp8"
 
     def convert_parameters(self, module: nn.Module) -> nn.Module:
         """True precision: ``module.to(dtype)`` (floating-point parameters and buffers, in place, so optimizers built on

@@ -13,6 +13,7 @@ from torchao.float8.float8_linear import Float8Linear
 
 from strategies import fp8
 from trainer import Accelerator
+from trainer.state import AcceleratorState
 from trainer.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
 
 
@@ -135,6 +136,21 @@ def test_accelerator_refuses_fp8_without_a_capable_gpu() -> None:
     fp8.check_fp8_device("cuda", (9, 0), "mixed_precision='fp8'")
 
 
+def test_the_state_reports_fp8_as_accelerate_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under mixed_precision='fp8' (bf16 autocast and Float8 linears) `Accelerator.mixed_precision`,
+    `accelerator.state.mixed_precision` and `AcceleratorState().mixed_precision` all say "fp8", as in Accelerate.
+    (The GPU check is lifted: what is tested is the report, which is the same on any device.)"""
+    from trainer.accelerator import accelerator as accelerator_module
+
+    monkeypatch.setattr(accelerator_module, "check_fp8", lambda *args: None)
+    accelerator = Accelerator(cpu=True, mixed_precision="fp8")
+    assert accelerator.strategy.precision.mode == "bf16"
+    assert accelerator.mixed_precision == accelerator.state.mixed_precision == AcceleratorState().mixed_precision == "fp8"
+    assert "Mixed precision type: fp8" in str(accelerator.state)
+    AcceleratorState._reset_state(True)
+    assert Accelerator(cpu=True, mixed_precision="bf16").state.mixed_precision == "bf16"
+
+
 _FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
@@ -143,6 +159,7 @@ def test_accelerator_prepare_converts_before_wrapping_and_trains_on_gpu() -> Non
     torch.manual_seed(0)
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
     assert accelerator.fp8_enabled and accelerator.fp8_backend == "AO" and accelerator.mixed_precision == "fp8"
+    assert accelerator.state.mixed_precision == AcceleratorState().mixed_precision == "fp8"
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -175,6 +175,7 @@ class Accelerator(ProcessLayout):
             dynamo_plugin = TorchDynamoPlugin(**json.loads(str(env_setting("DYNAMO_PLUGIN"))))  # `trainer launch`'s config
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
         self.strategy = strategy
+        self.strategy.precision.float8 = self.fp8_enabled
         self.strategy.setup_environment()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
@@ -255,7 +256,7 @@ class Accelerator(ProcessLayout):
 
     @property
     def mixed_precision(self) -> str:
-        return "fp8" if self.fp8_enabled else self.strategy.precision.mode
+        return self._state.mixed_precision
 
     @property
     def fp8_backend(self) -> str:

@@ -258,7 +258,9 @@ class AcceleratorState(PartialState):
 
     @property
     def mixed_precision(self) -> str:
-        return self.strategy.precision.mode
+        """The precision mode, ``"fp8"`` under FP8 training (which runs in bf16 autocast), as Accelerate reports it."""
+        precision = self.strategy.precision
+        return "fp8" if precision.float8 else precision.mode
 
     def __str__(self) -> str:
         return super().__str__() + f"\nMixed precision type: {self.mixed_precision}\n"
