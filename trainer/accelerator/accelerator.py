@@ -167,7 +167,6 @@ class Accelerator(ProcessLayout):
         self.te_recipe_handler = handlers.te_recipe_handler
         self.msamp_recipe_handler = handlers.msamp_recipe_handler
         self.has_fp8_handler = bool(handlers.fp8_recipes())
-        self.fp8_enabled = fp8_backend is not None
         self._fp8_backend = fp8_backend or "NO"
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both (the plugin carries a backend)")
@@ -175,7 +174,7 @@ class Accelerator(ProcessLayout):
             dynamo_plugin = TorchDynamoPlugin(**json.loads(str(env_setting("DYNAMO_PLUGIN"))))  # `trainer launch`'s config
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
         self.strategy = strategy
-        self.strategy.precision.float8 = self.fp8_enabled
+        self.strategy.precision.float8 = fp8_backend is not None
         self.strategy.setup_environment()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
@@ -257,6 +256,11 @@ class Accelerator(ProcessLayout):
     @property
     def mixed_precision(self) -> str:
         return self._state.mixed_precision
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Whether this run trains in FP8 (``mixed_precision="fp8"``): Linear layers converted at `prepare`."""
+        return self.strategy.precision.float8
 
     @property
     def fp8_backend(self) -> str:
