@@ -95,6 +95,17 @@ class _Search:
             trainer._dispatch = tuner.HookDispatcher(self.module, TrainModule, [], trainer)
             loops.eval_loop(trainer, self.stage, self.eval_loaders, [self.steps_per_trial] * len(self.eval_loaders), keep_predictions=False)
 
+    def fits(self) -> bool:
+        """Run one `trial`: True if it ran, False if it ran out of memory (the memory is freed); other errors raise."""
+        try:
+            self.trial()
+        except RuntimeError as error:
+            if not is_oom_error(error):
+                raise
+            _collect_garbage()
+            return False
+        return True
+
     def adjust(self, *, factor: float = 1.0, value: int | None = None, desc: str | None = None, max_val: int = 8192) -> tuple[int, bool]:
         """Lightning's ``_adjust_batch_size``: the next size (`value`, or the current one times `factor`, at most
         `max_val`), unchanged once the current size covers the data set; returns ``(size, changed)``."""
@@ -170,19 +181,12 @@ def _power(search: _Search, size: int, max_trials: int, max_val: int) -> int:
         if size >= max_val:
             log.info(f"Reached the maximum batch size limit of {max_val}. Stopping search.")
             break
-        try:
-            search.trial()
-        except RuntimeError as error:
-            if not is_oom_error(error):
-                raise
-            _collect_garbage()
+        if not search.fits():
             size, _ = search.adjust(factor=0.5, desc="failed")
             if any_success:
                 break
             continue
-        last_good = size
         if i + 1 >= max_trials:
-            size = last_good
             break
         size, changed = search.adjust(factor=2.0, desc="succeeded")
         if not changed:
@@ -199,21 +203,14 @@ def _binsearch(search: _Search, size: int, max_trials: int, margin: float, max_v
         if size >= max_val:
             log.info(f"Reached the maximum batch size limit of {max_val}. Stopping search.")
             break
-        try:
-            search.trial()
-        except RuntimeError as error:
-            if not is_oom_error(error):
-                raise
-            _collect_garbage()
+        if not search.fits():
             high = size
             size, _ = search.adjust(value=(high + low) // 2, desc="failed")
             if high - low <= 1:
                 break
             continue
-        last_good = size
         count += 1
         if count >= max_trials:
-            size = last_good
             break
         low = size
         if high:
