@@ -113,10 +113,16 @@ class Strategy:
     def remember_replaced(self, before: list[tuple[str, nn.Parameter]], module: nn.Module) -> None:
         """Record which parameters of `module` setup replaced (by name, against `before`), for `setup_optimizer`."""
         old = dict(before)
+        now: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
         for name, new in module.named_parameters(remove_duplicate=False):
             previous = old.get(name)
             if previous is not None and previous is not new:
-                self._replaced[id(previous)] = (weakref.ref(previous), new)
+                now[id(previous)] = (previous, new)
+        for key, (ref, target) in list(self._replaced.items()):  # replaced twice (materialized, then moved): the newest
+            if id(target) in now:
+                self._replaced[key] = (ref, now[id(target)][1])
+        for key, (previous, new) in now.items():
+            self._replaced[key] = (weakref.ref(previous), new)
 
     def replacement(self, param: torch.Tensor) -> torch.Tensor:
         """The parameter setup put in place of `param` (`param` itself when it was not replaced)."""

@@ -273,13 +273,13 @@ class FSDPStrategy(Strategy):
             materialize_if_empty(self, module)
             return module.to(self.device) if move else module
         empty = has_meta_tensors(module)
+        before = list(module.named_parameters(remove_duplicate=False))  # (an optimizer built on these is re-pointed)
         from_rank0, source = self._rank0_source(module, empty)
         if from_rank0 and not empty:  # process 0's real weights stay on its CPU (in `source`) until sliced out
             module, empty = to_meta(module), True
         target = torch.device("cpu") if self.cpu_offload else self.device
         if move and not empty:
             module = module.to(target)
-        before = list(module.named_parameters(remove_duplicate=False))  # (an optimizer built on these is re-pointed)
         if self.dims.tp_enabled:  # tensor parallel first, then activation checkpointing, then sharding (torchtitan's order)
             apply_tensor_parallel(module, self.device_mesh["tp"], self.tp_plan)
         if self.activation_checkpointing is not None:

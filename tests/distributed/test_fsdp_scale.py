@@ -335,25 +335,49 @@ def test_bf16_policy_with_block_units_runs_the_root_layers_after_them() -> None:
 
 
 def tied_run(from_rank0: bool) -> dict[str, Any]:
+    """Accelerate's ordinary order: the optimizer is built on the parameters as built, before prepare; with process 0's
+    weights through Accelerate's FSDP2 plugin (decoder-layer units, activation checkpointing), then one step."""
     from strategies import FSDPStrategy
-    from trainer import Accelerator, init_empty_weights
+    from trainer import Accelerator, FullyShardedDataParallelPlugin, init_empty_weights
 
-    accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()], cpu_ram_efficient_loading=from_rank0))
+    if from_rank0:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                transformer_cls_names_to_wrap=["LlamaDecoderLayer"], activation_checkpointing=True,
+                                                cpu_ram_efficient_loading=True)
+        accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    else:
+        accelerator = Accelerator(strategy=FSDPStrategy(cpu=True, wrap_classes=[block_class()]))
     torch.manual_seed(0)
     if from_rank0 and accelerator.is_main_process:
         model = llama(tied=True)  # process 0: real weights, sliced out to the others
     else:
         with init_empty_weights(include_buffers=True) if from_rank0 else accelerator.init_module():
             model = llama(tied=True)
-    model = accelerator.prepare(model)
-    return {"tied": model.lm_head.weight is model.model.embed_tokens.weight, "state": accelerator.get_state_dict(model)}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = accelerator.prepare(model, opt)
+    state = accelerator.get_state_dict(model)
+    part = tokens()[0].chunk(2)[accelerator.process_index]
+    loss = model(input_ids=part, labels=part).loss
+    accelerator.backward(loss)
+    opt.step()
+    return {"tied": model.lm_head.weight is model.model.embed_tokens.weight, "state": state,
+            "loss": float(accelerator.reduce(loss.detach(), "mean")), "stepped": accelerator.get_state_dict(model)}
 
 
 @pytest.mark.parametrize("from_rank0", [False, True], ids=["meta-init", "cpu-ram-efficient-loading"])
 def test_tied_embeddings_stay_tied_and_equal_the_eager_build_under_fsdp(from_rank0: bool) -> None:
     torch.manual_seed(0)
-    expected = llama(tied=True).state_dict()
+    model = llama(tied=True)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss = sum(model(input_ids=h, labels=h).loss for h in tokens()[0].chunk(2)) / 2
+    loss.backward()
+    opt.step()
     ranks = run_distributed(tied_run, from_rank0)
     assert all(r["tied"] for r in ranks)
     for name, value in expected.items():
         assert torch.equal(ranks[0]["state"][name], value), name
+    # the optimizer built before prepare steps the shards (process 0's real parameters were replaced by them too)
+    assert ranks[0]["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(ranks[0]["stepped"][name], value, atol=1e-5, rtol=0, msg=name)

@@ -112,6 +112,23 @@ def test_accelerator_prepares_an_empty_model_and_repoints_its_optimizer() -> Non
     assert not torch.equal(model[0].weight, before)
 
 
+def test_a_parameter_replaced_twice_in_setup_repoints_the_optimizer_at_the_last_one() -> None:
+    """Materialized, then moved to a device that makes new parameters (XLA): the optimizer follows to the newest."""
+    accelerator = Accelerator(cpu=True)
+    strategy = accelerator.strategy
+    with torch.device("meta"):
+        model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    built = list(model.named_parameters())
+    model.weight, model.bias = nn.Parameter(torch.zeros(2, 2)), nn.Parameter(torch.zeros(2))  # materialized
+    strategy.remember_replaced(built, model)
+    materialized = list(model.named_parameters())
+    model.weight, model.bias = nn.Parameter(torch.ones(2, 2)), nn.Parameter(torch.ones(2))  # moved as new parameters
+    strategy.remember_replaced(materialized, model)
+    strategy.setup_optimizer(opt)
+    assert [id(p) for p in opt.param_groups[0]["params"]] == [id(model.weight), id(model.bias)]
+
+
 class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
