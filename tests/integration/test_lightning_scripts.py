@@ -239,7 +239,15 @@ def test_several_train_loaders_and_combined_loader_modes(tmp_path: Path) -> None
     """A dict and a list of training loaders (max_size_cycle), CombinedLoader in min_size and max_size modes and with
     limit_train_batches, and a dict of validation loaders: the batches, steps, metric names and weights Lightning 2.6.6
     gave."""
-    assert run_script("combined_loaders.py", tmp_path) == _COMBINED_LIGHTNING
+    out = run_script("combined_loaders.py", tmp_path)
+    assert out.keys() == _COMBINED_LIGHTNING.keys()
+    for mode, lightning in _COMBINED_LIGHTNING.items():
+        got = dict(out[mode])
+        # The batches, steps and names exactly; the trained weight within 2e-6 relative: between CPUs its last bits
+        # differ (1.9e-7 relative at most, measured here and under other kernels: ATEN_CPU_CAPABILITY=default,
+        # MKL_CBWR=COMPATIBLE), while the modes' weights differ from one another by 5e-5 relative and more.
+        assert got.pop("weight") == pytest.approx(lightning["weight"], rel=2e-6), mode
+        assert got == {k: v for k, v in lightning.items() if k != "weight"}, mode
 
 
 def test_save_last_then_open_last_ckpt(tmp_path: Path) -> None:

@@ -93,7 +93,10 @@ def test_the_schedule_matches_lightning(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     ours = json.loads(done.stdout)["results"]["accumulation"]
     assert ours["global_step"] == recorded["global_step"] == 25 + 13 + 9
-    assert ours["weights"] == pytest.approx(recorded["weights"], rel=1e-6, abs=1e-7)
+    # Lightning's weights were recorded on one machine; after 47 steps the matmuls' last bits differ between CPUs:
+    # 8.9e-7 at most was measured against them here and under other kernels (ATEN_CPU_CAPABILITY=default,
+    # MKL_CBWR=COMPATIBLE), while a learning rate 0.1% off moves one by 1.8e-3.
+    assert ours["weights"] == pytest.approx(recorded["weights"], rel=0, abs=4e-6)
 
 
 class SaveAt(Callback):

@@ -80,6 +80,16 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return results
 
 
+def _divergence(losses: list[float]) -> int:
+    """The index of the first loss above 4x the best before it (``len(losses)`` when the sweep never diverges)."""
+    best = math.inf
+    for index, loss in enumerate(losses):
+        if loss > 4 * best:
+            return index
+        best = min(best, loss)
+    return len(losses)
+
+
 def _env() -> dict[str, str]:
     import os
 
@@ -91,7 +101,15 @@ def _env() -> dict[str, str]:
 def test_lr_find_matches_lightning(ours: dict[str, Any], mode: str) -> None:
     mine, theirs = ours[f"lr_find_{mode}"], LIGHTNING["tuners"][f"lr_find_{mode}"]
     assert mine["lr"] == pytest.approx(theirs["lr"], rel=1e-12)  # the same schedule, and the same early stop
-    assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+    # Up to where the sweep diverges (Lightning's rule: a loss above 4x the best so far) the losses agree within 1e-5
+    # relative: 7.6e-7 at most was measured here against Lightning's numbers, under other CPU kernels too
+    # (ATEN_CPU_CAPABILITY=default, MKL_CBWR=COMPATIBLE). Past it the sweep's growth amplifies the matmuls' last bits
+    # (3x between two machines at point 24 of the linear sweep): there ours must only diverge as Lightning's did.
+    diverged = _divergence(theirs["loss"])
+    assert mine["loss"][:diverged] == pytest.approx(theirs["loss"][:diverged], rel=1e-5)
+    assert len(mine["loss"]) == len(theirs["loss"])
+    best = min(mine["loss"][:diverged])
+    assert all(loss > 4 * best for loss in mine["loss"][diverged:]), mine["loss"][diverged:]
     lrs = theirs["lr"]
     assert abs(lrs.index(theirs["suggestion"]) - lrs.index(min(lrs, key=lambda lr: abs(lr - mine["suggestion"])))) <= 1
     assert mine["model_lr"] == mine["suggestion"]  # update_attr=True wrote it to module.lr
