@@ -170,6 +170,7 @@ from trainer.accelerator.operations import (
 )
 from trainer.accelerator.parallelism import ParallelismConfig, TorchTensorParallelConfig
 from trainer.big_modeling import init_empty_weights, init_on_device
+from trainer.planning import MemoryEstimate, estimate_memory
 from trainer.unsupported import unsupported_names
 
 
@@ -362,6 +363,7 @@ __all__ = [
     "KwargsHandler",
     "LoggerType",
     "MSAMPRecipeKwargs",
+    "MemoryEstimate",
     "ParallelismConfig",
     "PrecisionType",
     "ProfileKwargs",
@@ -381,6 +383,7 @@ __all__ = [
     "convert_model_to_fp8_ao",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
+    "estimate_memory",
     "extract_model_from_parallel",
     "filter_first_and_last_linear_layers",
     "find_batch_size",

@@ -1,4 +1,4 @@
-"""The ``trainer`` command: ``trainer launch | config | env | test | convert-checkpoint``.
+"""The ``trainer`` command: ``trainer launch | config | env | test | convert-checkpoint | estimate-memory``.
 
 Each subcommand lives in its own module and registers itself with ``add_*_parser``. Bad input (a bad
 setting, a missing file) prints one ``trainer <command>: error: ...`` line and exits with code 2.
@@ -18,6 +18,7 @@ from typing import Any
 from trainer.cli.config import add_config_parser
 from trainer.cli.convert import add_convert_parser
 from trainer.cli.env import add_env_parser
+from trainer.cli.estimate import add_estimate_parser
 from trainer.cli.launch import add_launch_parser
 from trainer.cli.selftest import add_test_parser
 
@@ -40,14 +41,15 @@ def __getattr__(name: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     """The ``trainer`` argument parser with all subcommands."""
     parser = argparse.ArgumentParser(
-        prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test."
+        prog="trainer", description="Trainwright command line: launch, configure, inspect, self-test, estimate memory."
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,convert-checkpoint}")
+    subparsers = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,convert-checkpoint,estimate-memory}")
     add_launch_parser(subparsers)
     add_config_parser(subparsers)
     add_env_parser(subparsers)
     add_test_parser(subparsers)
     add_convert_parser(subparsers)
+    add_estimate_parser(subparsers)
     return parser
 
 

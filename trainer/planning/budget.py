@@ -1,0 +1,127 @@
+"""Which configurations fit a memory budget, at a fixed global batch, and why the others do not.
+
+    plans = plan_memory("./llama-8b", budget=80 * 2**30, max_processes=8, global_batch_size=64, seq_len=4096)
+    for plan in plans: print(plan.describe())
+
+Every combination of strategy × processes (powers of two up to ``max_processes``) × activation checkpointing ×
+precision is tried; for each, the largest micro-batch that fits (the accumulation steps make up the global batch).
+Memory is linear in the micro-batch (every phase's every category), so each combination is traced at micro-batch 1
+and 2 and extrapolated. The ones that fit come first, cheapest in memory traffic first: the bytes each process sends
+per optimizer step (none on one process; a gradient all-reduce for DDP and ZeRO-2; for FSDP and ZeRO-3 two
+parameter all-gathers and a gradient reduce-scatter per micro-batch), then without recomputation (no activation
+checkpointing), then fewer accumulation steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from trainer.planning.layouts import PRECISIONS, STRATEGIES, Setup
+from trainer.planning.memory import MemoryEstimate, estimate_setup, format_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One configuration: whether it fits, with which micro-batch and accumulation, its estimate and traffic."""
+
+    strategy: str
+    num_processes: int
+    precision: str
+    activation_checkpointing: bool
+    micro_batch_size: int
+    accumulation_steps: int
+    fits: bool
+    peak: int
+    traffic: int
+    reason: str
+
+    def describe(self) -> str:
+        ac = "AC" if self.activation_checkpointing else "no AC"
+        head = f"{self.strategy} ×{self.num_processes}, {self.precision}, {ac}"
+        if not self.fits:
+            return f"{head}: does not fit: {self.reason}"
+        return (f"{head}: micro-batch {self.micro_batch_size} × {self.accumulation_steps} accumulation steps, "
+                f"peak {format_bytes(self.peak)}, sends {format_bytes(self.traffic)} per step")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _process_counts(max_processes: int) -> list[int]:
+    counts, n = [], 1
+    while n <= max_processes:
+        counts.append(n)
+        n *= 2
+    return sorted({*counts, max_processes})
+
+
+def _traffic(setup: Setup, estimate: MemoryEstimate, accumulation: int) -> int:
+    """Bytes one process sends per optimizer step (ring collectives: (N-1)/N of the buffer per all-gather/reduce)."""
+    if setup.num_processes == 1:
+        return 0
+    share = (setup.num_processes - 1) / setup.num_processes
+    grad_bytes = estimate.num_parameters * (2 if setup.precision == "bf16-true" else 4)
+    if setup.sharded:
+        compute_bytes = estimate.num_parameters * (4 if setup.precision == "32-true" else 2)
+        return int(share * (2 * compute_bytes + grad_bytes) * accumulation)
+    return int(2 * share * grad_bytes)
+
+
+def _candidates(max_processes: int, strategies: tuple[str, ...]) -> list[tuple[str, int, str, bool]]:
+    return [(strategy, processes, precision, ac)
+            for strategy in strategies for processes in _process_counts(max_processes)
+            if (strategy == "single") == (processes == 1)
+            for precision in PRECISIONS for ac in (False, True)]
+
+
+def _largest_fitting(base: Any, setup: Setup, budget: int, per_process: int) -> tuple[int, MemoryEstimate]:
+    """The largest micro-batch dividing `per_process` whose peak fits (0 if none), and the estimate there (or at 1)."""
+    one = estimate_setup(base, replace(setup, batch_size=1))
+    if per_process == 1 or one.peak > budget:
+        return (1 if one.peak <= budget else 0), one
+    two = estimate_setup(base, replace(setup, batch_size=2))
+    slope = two.peak - one.peak
+    best, best_peak = 1, one.peak
+    for micro in (m for m in range(2, per_process + 1) if per_process % m == 0):
+        peak = one.peak + slope * (micro - 1)
+        if peak <= budget:
+            best, best_peak = micro, peak
+    return best, replace(one, peak=best_peak, batch_size=best)
+
+
+def _refused(setup: Setup, reason: str) -> Plan:
+    return Plan(strategy=setup.strategy, num_processes=setup.num_processes, precision=setup.precision,
+                activation_checkpointing=setup.activation_checkpointing, micro_batch_size=0, accumulation_steps=0,
+                fits=False, peak=0, traffic=0, reason=reason)
+
+
+def _plan_one(base: Any, setup: Setup, budget: int, global_batch_size: int) -> Plan:
+    if global_batch_size % setup.num_processes:
+        return _refused(setup, f"the global batch {global_batch_size} does not split over {setup.num_processes} processes")
+    if setup.strategy.startswith("deepspeed") and setup.precision == "bf16-true":
+        return _refused(setup, "DeepSpeed keeps float32 master weights: no true bf16")
+    per_process = global_batch_size // setup.num_processes
+    try:
+        micro, estimate = _largest_fitting(base, setup, budget, per_process)
+    except ValueError as err:  # e.g. no repeated blocks to checkpoint or shard
+        return _refused(setup, str(err))
+    if not micro:
+        return replace(_refused(setup, f"peak {format_bytes(estimate.peak)} at micro-batch 1 > budget {format_bytes(budget)}"),
+                       peak=estimate.peak)
+    accumulation = per_process // micro
+    return Plan(strategy=setup.strategy, num_processes=setup.num_processes, precision=setup.precision,
+                activation_checkpointing=setup.activation_checkpointing, micro_batch_size=micro,
+                accumulation_steps=accumulation, fits=True, peak=estimate.peak,
+                traffic=_traffic(setup, estimate, accumulation), reason="")
+
+
+def plan_memory(base: Any, *, budget: int, max_processes: int, global_batch_size: int, shape: tuple[int, ...],
+                optimizer: str = "adamw", device: str = "cuda", strategies: tuple[str, ...] = STRATEGIES) -> list[Plan]:
+    """Every configuration for a meta model `base` (`load_meta_model`), those that fit first (see the module docstring)."""
+    plans = [
+        _plan_one(base, Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
+                              activation_checkpointing=ac, batch_size=1, shape=shape, device=device), budget, global_batch_size)
+        for strategy, processes, precision, ac in _candidates(max_processes, strategies)
+    ]
+    return sorted(plans, key=lambda p: (not p.fits, p.traffic, p.activation_checkpointing, p.accumulation_steps, p.peak))

@@ -1,0 +1,195 @@
+"""One training iteration under PyTorch's memory trackers, on fake tensors (an estimate) or real ones (a measurement).
+
+    tally = tracked_iteration(model, optimizer, batch, sharded=False)
+
+`torch.distributed._tools.mem_tracker.MemTracker` (or, for a module sharded by ``fully_shard``,
+`fsdp2_mem_tracker.FSDPMemTracker`) follows every tensor storage that the iteration creates or holds, by what it is:
+parameter, gradient, optimizer state, activation, temporary. Under `FakeTensorMode` the same code runs without
+allocating anything (fake tensors carry shapes, dtypes and devices only), so the trackers' numbers are the peak the
+real iteration would reach, computed on the CPU in seconds. The estimate and the measurement it is checked against
+run this one function; only the tensors differ.
+
+The optimizer must hold its state before the tracked iteration (one untracked iteration, or `prime_optimizer`), so the
+iteration is the steady state of training. ``zero_grad()`` sets gradients to None, torch's default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.planning.models import compute_loss
+
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
+
+# the trackers' categories (MemTracker's and FSDPMemTracker's names) -> ours; anything else is a temporary
+_CATEGORY_OF = {
+    "Parameter": "parameters", "Buffer": "parameters", "Sharded Param": "parameters",
+    "Gradient": "gradients", "Sharded Grad": "gradients",
+    "Optstate": "optimizer", "OptState": "optimizer",
+    "Activation": "activations", "Inputs": "activations", "Other": "activations",  # "Other": the batch, tracked externally
+}
+
+
+PHASES = ("forward", "backward", "step")
+
+
+@dataclass
+class Tally:
+    """Bytes of one iteration: each category where it is largest, and the categories at each phase's peak.
+
+    ``parameters`` and ``optimizer`` are what is held after the step; ``gradients`` after backward; ``activations``
+    after forward (what backward will need). ``phases`` holds, for forward, backward and the optimizer step, every
+    category at that phase's peak; ``temporaries`` are the rest of a peak: unsharded FSDP units, communication
+    buffers, casts, gradients of activations, the optimizer's scratch tensors.
+    """
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda name: sum(self.phases[name].values()))
+
+    @property
+    def at_peak(self) -> dict[str, int]:
+        return dict(self.phases[self.peak_phase])
+
+    @property
+    def peak(self) -> int:
+        return sum(self.at_peak.values())
+
+    @property
+    def temporaries(self) -> int:
+        return self.at_peak["temporaries"]
+
+    def scaled(self, other: Tally, factor: float) -> Tally:
+        """``self + factor * (other - self)`` in every number: a linear extrapolation from two tallies."""
+        def mix(a: int, b: int) -> int:
+            return max(0, round(a + factor * (b - a)))
+
+        return Tally(
+            **{name: mix(getattr(self, name), getattr(other, name)) for name in CATEGORIES[:4]},
+            phases={phase: {k: mix(self.phases[phase][k], other.phases[phase][k]) for k in CATEGORIES} for phase in self.phases},
+        )
+
+
+def _ours(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
+    """A tracker snapshot (per device, per tracker category) as bytes per category of ours, devices summed."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    for per_device in snapshot.values():
+        for key, value in per_device.items():
+            name = getattr(key, "value", key)
+            if name != "Total":
+                out[_CATEGORY_OF.get(name, "temporaries")] += value
+    return out
+
+
+def make_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, *, sharded: bool) -> Any:
+    """The tracker for this module: `FSDPMemTracker` when it is sharded by ``fully_shard``, else `MemTracker`."""
+    if sharded:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        sharded_tracker = FSDPMemTracker(model, optimizer)
+        sharded_tracker.track_inputs((batch,))
+        return sharded_tracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, batch)
+    return tracker
+
+
+def tracked_iteration(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: torch.Tensor,
+    *,
+    sharded: bool,
+    loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor] = compute_loss,
+) -> Tally:
+    """Run forward, backward, ``optimizer.step()`` and ``zero_grad()`` once under a tracker; return its tally."""
+    tracker = make_tracker(model, optimizer, batch, sharded=sharded)
+    phases: dict[str, dict[str, int]] = {}
+    with tracker:
+        loss = loss_fn(model, batch)
+        after_forward = _ours(tracker.get_tracker_snapshot("current"))
+        phases["forward"] = _phase_peak(tracker)
+        loss.backward()
+        del loss
+        after_backward = _ours(tracker.get_tracker_snapshot("current"))
+        phases["backward"] = _phase_peak(tracker)
+        optimizer.step()
+        optimizer.zero_grad()
+        after_step = _ours(tracker.get_tracker_snapshot("current"))
+        phases["step"] = _phase_peak(tracker)
+    return Tally(
+        parameters=after_step["parameters"],
+        gradients=after_backward["gradients"],
+        optimizer=after_step["optimizer"],
+        activations=after_forward["activations"],
+        phases=phases,
+    )
+
+
+def _phase_peak(tracker: Any) -> dict[str, int]:
+    """The categories at the tracker's peak since the last call, then the peak restarted from the current memory
+    (the trackers keep one peak per device, in ``_peak_mem`` / ``_peak_mem_snap``)."""
+    peak = _ours(tracker.get_tracker_snapshot("peak"))
+    current = tracker.get_tracker_snapshot("current")
+    tracker._peak_mem = {dev: snap["Total"] for dev, snap in current.items()}
+    tracker._peak_mem_snap = {dev: dict(snap) for dev, snap in current.items()}
+    return peak
+
+
+def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give `optimizer` its state (as a first step would) with zero gradients, then drop the gradients."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def fake_parameters(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
+    """Replace `model`'s (meta) parameters and buffers by empty tensors on `device`, in place; run under `FakeTensorMode`
+    they are fake. Tied parameters stay tied. With `dtype`, floating-point ones are made in it (``module.to(dtype)``,
+    which cannot swap fake parameters in place)."""
+    made: dict[int, Any] = {}
+    for sub in model.modules():
+        for slots, is_param in ((sub._parameters, True), (sub._buffers, False)):
+            for name, tensor in list(slots.items()):
+                if tensor is None:
+                    continue
+                if id(tensor) not in made:
+                    kind = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+                    empty = torch.empty(tensor.shape, dtype=kind, device=device)
+                    made[id(tensor)] = nn.Parameter(empty, requires_grad=tensor.requires_grad) if is_param else empty
+                slots[name] = made[id(tensor)]
+    return model
+
+
+@contextmanager
+def fake_mesh(num_processes: int) -> Iterator[Any]:
+    """A 1-D CPU `DeviceMesh` over a fake process group of `num_processes` (collectives do nothing), torn down after."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        raise RuntimeError(
+            "estimate_memory for a sharded strategy builds its own (fake) process group and cannot run while this process "
+            "has joined one; estimate before init_process_group, or run `trainer estimate-memory` in its own process"
+        )
+    dist.init_process_group("fake", rank=0, world_size=num_processes)
+    try:
+        yield init_device_mesh("cpu", (num_processes,))
+    finally:
+        dist.destroy_process_group()
