@@ -236,8 +236,8 @@ def undraw_unreached(shard: Any, record: Record, loader_generator: torch.Generat
     generator, sampler = order_generator(shard), _inner_sampler(shard)
     if generator is None or "generator" not in record or type(sampler) is not RandomSampler:
         return
-    if not isinstance(shard, BatchSamplerShard) or not shard.arithmetic or asked >= len(shard):
-        return  # (a batch sampler read to its end drew every part)
+    if not isinstance(shard, BatchSamplerShard) or not shard.arithmetic or asked > len(shard):
+        return  # (asked past its end: the batch sampler drew every part)
     # the last batch of the underlying batch sampler read: `num_processes` of them per batch (one when split)
     read = asked - 1 if shard.split_batches else asked * shard.num_processes - 1
     size = shard.batch_sampler.batch_size

@@ -146,7 +146,7 @@ def _loader(case: str) -> tuple[DataLoader, dict[str, Any], Callable[[], Any] | 
         return DataLoader(Ids(), batch_size=4, shuffle=True), {"split_batches": True}, None
     if case == "uneven":
         return DataLoader(Ids(), batch_size=3, shuffle=True), {"even_batches": False}, None
-    if case == "drop_last":
+    if case in ("drop_last", "break_before_last"):
         return DataLoader(Ids(), batch_size=3, shuffle=True, drop_last=True), config, None
     if case == "augmented":
         return DataLoader(Augmented(), batch_size=3, shuffle=True), config, None
@@ -166,7 +166,7 @@ CASES = (
     "sampler_subset", "sampler_weighted", "sampler_global", "batch_sampler_as_sampler", "custom_batch_sampler",
     "seedable", "seedable_data_seed", "seedable_generator", "data_seed_alone", "split_batches", "uneven", "drop_last",
     "augmented", "iterable", "iterable_no_dispatch", "iterable_split", "iterable_drop_last", "workers", "device_specific",
-    "rng_torch", "skip_first", "break_first", "seedable_device_specific", "zip",
+    "rng_torch", "skip_first", "break_first", "seedable_device_specific", "zip", "break_before_last",
 )
 
 # Where we differ from Accelerate 1.15 on purpose (docs/migrating-from-accelerate.md): {(processes, case): why}.
@@ -197,7 +197,9 @@ def trace(framework: str, case: str) -> dict[str, Any]:
     if after is not None:
         after()
     out: dict[str, Any] = {"prepared": rng_hash(), "epochs": []}
-    for epoch in range(EPOCHS + (case == "break_first")):
+    breaks = case in ("break_first", "break_before_last")
+    break_after = 2 if case == "break_first" else len(prepared) - 1 if case == "break_before_last" else None
+    for epoch in range(EPOCHS + breaks):
         batches = []
         active = accelerator.skip_first_batches(prepared, 2) if case == "skip_first" and epoch == 0 else prepared
         if case == "zip":
@@ -205,7 +207,8 @@ def trace(framework: str, case: str) -> dict[str, Any]:
         for batch in active:
             batches.append([batch.tolist(), rng_hash()])
             torch.rand(2)  # dropout
-            if case == "break_first" and epoch == 0 and len(batches) == 2:
+            # left early, the loader one batch ahead: the sampler's generator has drawn only what that batch needed
+            if epoch == 0 and len(batches) == break_after:
                 break
         out["epochs"].append(batches)
     return out

@@ -247,6 +247,26 @@ def test_break_does_not_advance_the_epoch_and_set_epoch_drops_a_foreign_resume()
     assert len(list(dl)) == 5  # another epoch's is dropped
 
 
+@pytest.mark.parametrize("stop", [1, 2], ids=["before-the-last-batch", "at-the-last-batch"])
+def test_a_pass_left_early_leaves_the_generator_as_accelerates_loader_one_batch_ahead(stop):
+    """16 samples in batches of 4 over 2 processes (drop_last, so the sampler's last, empty part is drawn only when the
+    batch sampler is asked past its end). Accelerate's loader reads one batch ahead: left after batch 1 of 2, it has
+    asked for batch 2, not past it, so only the permutation was drawn; left at the last batch, it has asked past it."""
+    generator = torch.Generator().manual_seed(3)
+    data = tensor_data(16)
+    dl = prepare_data_loader(DataLoader(data, batch_size=4, shuffle=True, drop_last=True, generator=generator), num_processes=2,
+                             seed=None)
+    for i, _ in enumerate(dl, 1):
+        if i == stop:
+            break
+    plain = torch.Generator().manual_seed(3)
+    torch.empty((), dtype=torch.int64).random_(generator=plain)  # the DataLoader iterator's base seed
+    torch.randperm(16, generator=plain)
+    if stop == 2:
+        torch.randperm(16, generator=plain)  # the empty last part
+    assert torch.equal(generator.get_state(), plain.get_state())
+
+
 @pytest.mark.parametrize("bad", [{"epoch": 0}, {"epoch": -1, "batches_yielded": 0, "seed": 0}, None,
                                  {"epoch": 1.5, "batches_yielded": 0, "seed": 0}])
 def test_load_state_dict_rejects_bad_input(bad):
