@@ -68,11 +68,11 @@ def _traffic(setup: Setup, estimate: MemoryEstimate, accumulation: int) -> int:
     return int(2 * share * grad_bytes)
 
 
-def _candidates(max_processes: int, strategies: tuple[str, ...]) -> list[tuple[str, int, str, bool]]:
+def _candidates(max_processes: int, strategies: tuple[str, ...], precisions: tuple[str, ...]) -> list[tuple[str, int, str, bool]]:
     return [(strategy, processes, precision, ac)
             for strategy in strategies for processes in _process_counts(max_processes)
             if (strategy == "single") == (processes == 1)
-            for precision in PRECISIONS for ac in (False, True)]
+            for precision in precisions for ac in (False, True)]
 
 
 def _largest_fitting(base: Any, setup: Setup, budget: int, per_process: int) -> tuple[int, MemoryEstimate]:
@@ -117,11 +117,13 @@ def _plan_one(base: Any, setup: Setup, budget: int, global_batch_size: int) -> P
 
 
 def plan_memory(base: Any, *, budget: int, max_processes: int, global_batch_size: int, shape: tuple[int, ...],
-                optimizer: str = "adamw", device: str = "cuda", strategies: tuple[str, ...] = STRATEGIES) -> list[Plan]:
-    """Every configuration for a meta model `base` (`load_meta_model`), those that fit first (see the module docstring)."""
+                optimizer: str = "adamw", device: str = "cuda", strategies: tuple[str, ...] = STRATEGIES,
+                precisions: tuple[str, ...] = tuple(PRECISIONS)) -> list[Plan]:
+    """Every configuration for a meta model `base` (`load_meta_model`), those that fit first (see the module docstring);
+    `strategies` and `precisions` narrow the search."""
     plans = [
         _plan_one(base, Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
                               activation_checkpointing=ac, batch_size=1, shape=shape, device=device), budget, global_batch_size)
-        for strategy, processes, precision, ac in _candidates(max_processes, strategies)
+        for strategy, processes, precision, ac in _candidates(max_processes, strategies, precisions)
     ]
     return sorted(plans, key=lambda p: (not p.fits, p.traffic, p.activation_checkpointing, p.accumulation_steps, p.peak))

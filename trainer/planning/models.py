@@ -88,9 +88,10 @@ def _from_config_dir(folder: Path) -> nn.Module:
     except (ValueError, KeyError, OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{folder / 'config.json'} is not a config transformers can read: {err}") from err
     with torch.device("meta"):
-        if any(name.endswith("ForCausalLM") for name in getattr(config, "architectures", None) or ()):
+        try:  # a causal LM where the config has one (its loss is the training loss), else the base model
             return transformers.AutoModelForCausalLM.from_config(config)  # type: ignore[no-any-return]
-        return transformers.AutoModel.from_config(config)  # type: ignore[no-any-return]
+        except ValueError:
+            return transformers.AutoModel.from_config(config)  # type: ignore[no-any-return]
 
 
 def _has_real_tensors(module: nn.Module) -> bool:

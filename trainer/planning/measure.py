@@ -1,0 +1,59 @@
+"""The measured counterpart of an estimate: one real training iteration, set up by the real strategy, under the trackers.
+
+    tally = measure_iteration(model, setup)      # model: real, on the CPU; ddp/fsdp: inside a launched process group
+
+The module is set up exactly as a run sets it up (`SingleDeviceStrategy` / `DDPStrategy` / `FSDPStrategy` on the CPU,
+their `Precision`, the repeated blocks checkpointed and, for FSDP, each its own unit), trained one untracked
+iteration (so the optimizer holds its state), then one iteration under `torch.distributed._tools`' `MemTracker`
+(`FSDPMemTracker` for FSDP): `trainer.planning.trace.tracked_iteration`, the function the estimate runs on fake
+tensors. DeepSpeed's engine is not measured here: it allocates its flat partitions outside what the trackers follow.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from strategies.activation_checkpointing import apply_activation_checkpointing
+from strategies.base import Strategy
+from trainer.planning.layouts import PRECISIONS, Setup, build_optimizer
+from trainer.planning.models import compute_loss, find_blocks, make_batch
+from trainer.planning.trace import Tally, tracked_iteration
+
+
+def _strategy(setup: Setup, block_classes: tuple[type[nn.Module], ...]) -> Strategy:
+    mode = PRECISIONS[setup.precision]
+    if setup.strategy == "single":
+        from strategies.single_device import SingleDeviceStrategy  # lazy: only the measured strategy
+
+        return SingleDeviceStrategy(cpu=True, precision=mode)
+    if setup.strategy == "ddp":
+        from strategies.ddp import DDPStrategy  # lazy: only the measured strategy
+
+        return DDPStrategy(cpu=True, precision=mode)
+    if setup.strategy == "fsdp":
+        from strategies.fsdp import FSDPStrategy  # lazy: only the measured strategy
+
+        ac = block_classes if setup.activation_checkpointing else None
+        return FSDPStrategy(cpu=True, precision=mode, wrap_classes=block_classes, activation_checkpointing_policy=ac)
+    raise ValueError(
+        f"strategy={setup.strategy!r} cannot be measured on the CPU with PyTorch's trackers (DeepSpeed allocates its "
+        "partitions outside them); measure 'single', 'ddp' or 'fsdp'"
+    )
+
+
+def measure_iteration(model: nn.Module, setup: Setup) -> Tally:
+    """Set `model` (real, on the CPU; consumed) up as `setup` says, train one iteration, then measure the next."""
+    blocks = find_blocks(model)
+    strategy = _strategy(setup, blocks.classes)
+    if setup.strategy != "single":
+        strategy.setup_environment()
+    if setup.activation_checkpointing and setup.strategy != "fsdp":  # FSDPStrategy applies it itself, before sharding
+        apply_activation_checkpointing(model, blocks.classes)
+    wrapped = strategy.setup_module(model)
+    strategy.precision.convert_module(strategy.unwrap_module(wrapped))
+    optimizer = build_optimizer(setup.optimizer, wrapped, "cpu")
+    batch = make_batch(model, setup.batch_size, setup.shape, strategy.device)
+    compute_loss(wrapped, batch).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return tracked_iteration(wrapped, optimizer, batch, sharded=setup.strategy == "fsdp")
