@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.helpers.scripts import run_python
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "accelerate_loop.py"
 
@@ -21,8 +23,7 @@ def _check_outputs(project: Path, out: str, epochs: int) -> None:
 
 @pytest.mark.timeout(300)
 def test_single_process(tmp_path):
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "1", "--project_dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=280)
+    proc = run_python([sys.executable, str(EXAMPLE), "--epochs", "1", "--project_dir", str(tmp_path / "run")], timeout=280)
     assert proc.returncode == 0, proc.stderr
     _check_outputs(tmp_path / "run", proc.stdout, 1)
 

@@ -1,9 +1,10 @@
-"""Lightning 2.x scripts, ported by the rename alone, run in a subprocess; each asserts on what the run observably did.
+"""Lightning 2.x scripts, ported by the rename alone, run in a process of their own; each asserts on what the run observably did.
 
 The scripts in ``lightning_scripts/`` are written as a Lightning user writes them (``import lightning.pytorch as pl``,
 ``from lightning.pytorch.callbacks import ModelCheckpoint``, ...). `tests.helpers.lightning_rename.lightning_to_trainwright`
 replaces the import paths and class names (the migration guide's rename table) and nothing else; the renamed script runs
-with ``python script.py`` in a fresh directory and prints one JSON line of what it saw as its last line.
+as ``python script.py`` in a fresh directory (`tests.helpers.scripts.run_python`: a new process without a new interpreter
+start) and prints one JSON line of what it saw as its last line.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.lightning_rename import lightning_to_trainwright
+from tests.helpers.scripts import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "lightning_scripts"
@@ -32,7 +33,7 @@ def run_script(name: str, cwd: Path, timeout: float = 120, args: tuple[str, ...]
     script = cwd / name
     script.write_text(renamed)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_python([sys.executable, str(script), *args], cwd=cwd, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
@@ -264,8 +265,8 @@ def test_a_lightning_checkpoint_converted_and_resumed(tmp_path: Path, fixture: s
     reaches what the uninterrupted Lightning run reached (Lightning's own resume draws the epoch's first batches again)."""
     fixtures = ROOT / "tests" / "fixtures"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    convert = subprocess.run([sys.executable, "-m", "trainer", "convert-checkpoint", str(fixtures / fixture),
-                              str(tmp_path / "converted")], env=env, capture_output=True, text=True, timeout=120)
+    convert = run_python([sys.executable, "-m", "trainer", "convert-checkpoint", str(fixtures / fixture), str(tmp_path / "converted")],
+                         env=env, timeout=120)
     assert convert.returncode == 0, convert.stderr
     out = run_script("resume_lightning_ckpt.py", tmp_path, args=("resume", str(tmp_path / "converted")))
     lightning = json.loads((fixtures / "lightning_tiny_resumed.json").read_text())[expected]
@@ -282,7 +283,7 @@ def run_script_printing(name: str, cwd: Path) -> tuple[dict[str, Any], list[str]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     script = cwd / name
     script.write_text(lightning_to_trainwright((SCRIPTS / name).read_text()))
-    proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_python([sys.executable, str(script)], cwd=cwd, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     *printed, last = proc.stdout.strip().splitlines()
     return dict(json.loads(last)), printed

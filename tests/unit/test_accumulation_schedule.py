@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import GradientAccumulationScheduler
 from callbacks.base import Callback
 from tests.helpers.lightning_rename import lightning_to_trainwright
+from tests.helpers.scripts import run_python
 from trainer import Trainer, TrainModule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,8 +88,7 @@ def test_the_schedule_matches_lightning(tmp_path: Path) -> None:
     recorded = json.loads((ROOT / "tests" / "fixtures" / "tuner_lightning.json").read_text())["results"]["accumulation"]
     script = tmp_path / "accumulation_script.py"
     script.write_text(lightning_to_trainwright((ROOT / "tests" / "helpers" / "tuner_lightning.py").read_text()))
-    done = subprocess.run([sys.executable, str(script), "accumulation"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = run_python([sys.executable, str(script), "accumulation"], cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     ours = json.loads(done.stdout)["results"]["accumulation"]
     assert ours["global_step"] == recorded["global_step"] == 25 + 13 + 9

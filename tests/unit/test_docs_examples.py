@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.scripts import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"<!-- runnable -->\n```python\n(.*?)\n```", re.DOTALL)
@@ -33,5 +34,5 @@ def test_the_docs_have_runnable_blocks() -> None:
 @pytest.mark.parametrize(("name", "code"), BLOCKS, ids=[name for name, _ in BLOCKS])
 def test_runnable_block(name: str, code: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
+    done = run_python([sys.executable, "-c", code], cwd=tmp_path, env=env, timeout=170)
     assert done.returncode == 0, f"{name} failed:\n{done.stderr[-3000:]}"

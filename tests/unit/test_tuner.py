@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import BatchSizeFinder, LearningRateFinder
 from callbacks.base import Callback
 from tests.helpers.lightning_rename import lightning_to_trainwright
+from tests.helpers.scripts import run_python
 from trainer import DataModule, Trainer, TrainModule
 from trainer.fit.batch_size_scaling import is_oom_error
 from trainer.tuner import Tuner
@@ -73,8 +73,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The Lightning script, renamed, run here in a fresh process (as a user's ported script would)."""
     script = tmp_path_factory.mktemp("port") / "tuner_script.py"
     script.write_text(lightning_to_trainwright((ROOT / "tests" / "helpers" / "tuner_lightning.py").read_text()))
-    done = subprocess.run([sys.executable, str(script), "tuners"], cwd=script.parent, capture_output=True, text=True,
-                          timeout=600, env={**_env(), "PYTHONPATH": str(ROOT)})
+    done = run_python([sys.executable, str(script), "tuners"], cwd=script.parent, timeout=600, env={**_env(), "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     results: dict[str, Any] = json.loads(done.stdout)["results"]["tuners"]
     return results
