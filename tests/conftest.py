@@ -19,3 +19,8 @@ def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     for name in list(os.environ):
         if name.startswith("TRAINWRIGHT_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(name, raising=False)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--stress-runs", type=int, default=1, dest="stress_runs",
+                     help="runs of each stress scenario (tests/stress; default 1: every check once; python -m tests.stress runs many)")
