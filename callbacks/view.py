@@ -200,8 +200,9 @@ class TrainerView(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log values computed outside ``self.log`` (a callback's learning rates, throughput, ...)."""
 
-    def warn_if_nonfinite(self, values: dict[str, float]) -> None:
-        """Warn once per fit when a training value already read to the host (logged, shown) is NaN or inf."""
+    def warn_if_nonfinite(self, values: dict[str, float], *, synchronized: bool = False) -> None:
+        """Warn once per fit when a training value already read to the host (logged, shown) is NaN or inf, or (where
+        values were read, or ``synchronized``) a loss trained on since the fit started was."""
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the global main process only."""

@@ -107,7 +107,8 @@ def test_nonfinite_loss_stop_names_the_step(tmp_path: Path) -> None:
 
 def test_without_on_nonfinite_nan_trains_on_as_in_lightning(tmp_path: Path) -> None:
     module = Exploding()
-    Trainer(project_dir=tmp_path, max_epochs=1, **QUIET).fit(module, _loader(16))
+    with pytest.warns(RuntimeWarning, match=r"NaN or inf at step 4 or before \(epoch 0\)"):  # read at the epoch's end
+        Trainer(project_dir=tmp_path, max_epochs=1, **QUIET).fit(module, _loader(16))
     assert not all(bool(torch.isfinite(p).all()) for p in module.parameters())
 
 
@@ -141,6 +142,43 @@ def test_a_nan_loss_read_anyway_warns_once_by_default(tmp_path: Path, shown_by: 
     assert len(nonfinite) == 1, [str(w.message) for w in caught]
     message = str(nonfinite[0].message)
     assert nonfinite[0].category is RuntimeWarning and "is nan at step" in message and "on_nonfinite='stop'" in message
+
+
+class SilentNaN(Net):
+    """The loss is NaN at every step and nothing logs it; stepped by the Trainer, or by hand (manual optimization)."""
+
+    def __init__(self, manual: bool) -> None:
+        super().__init__()
+        self.automatic_optimization = not manual
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx) * float("nan")
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        return loss
+
+
+@pytest.mark.parametrize("validation", [False, True], ids=["read-at-epoch-end", "read-after-validation"])
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_a_nan_loss_nobody_logs_warns_once_where_the_loop_synchronizes(tmp_path: Path, manual: bool, validation: bool) -> None:
+    """Trained to NaN weights without a word: nothing was read to the host. The losses trained on are folded into a
+    flag on the device and read after a validation or at an epoch's end, where the loop synchronizes anyway."""
+    module = SilentNaN(manual)
+    if validation:
+        module.validation_step = lambda batch, batch_idx: None
+    trainer = Trainer(project_dir=tmp_path, max_epochs=2, val_check_interval=2, **QUIET)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, _loader(16), _loader(4) if validation else None)
+    nonfinite = [w for w in caught if "non-finite" in str(w.message)]
+    assert len(nonfinite) == 1, [str(w.message) for w in caught]
+    step = 2 if validation else 4  # the first validation (after 2 batches), else the first epoch's end
+    assert nonfinite[0].category is RuntimeWarning
+    assert f"the loss training_step returned was NaN or inf at step {step} or before" in str(nonfinite[0].message)
+    assert "on_nonfinite='stop'" in str(nonfinite[0].message)
 
 
 def test_accelerator_mixed_precision_conflicting_with_a_strategy_instance_is_refused() -> None:

@@ -72,6 +72,8 @@ class TrainBatch:
         self.backward = self.stepper.backward
         self.optimizer_step = self._optimizer_step
         self.check_nonfinite = trainer._args.on_nonfinite is not None  # the opt-in per-batch agreement
+        # without it: a device-side flag of the losses trained on, read where the loop synchronizes anyway
+        self.watch_losses = not self.check_nonfinite and not trainer._warned_nonfinite
         self.optimizer: Any = trainer.optimizers[0] if trainer.optimizers else None
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
@@ -151,6 +153,8 @@ class TrainBatch:
                 hooks["on_before_backward"](loss)
             if loss.dim():
                 check_loss(loss, {})
+            if self.watch_losses:
+                trainer.watch_loss(loss)
             self.backward(loss)
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()

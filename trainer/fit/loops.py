@@ -131,6 +131,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         )
     _, logged = _end_of_epoch(trainer, "train")
     trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
+    trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on this epoch, read at its end (where the loop synchronizes)
     epoch_over = progress.batches_done_in_epoch >= total or progress.is_last_batch
     if epoch_over or not max_steps_reached(trainer):  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
@@ -142,6 +143,7 @@ def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> bool:
     trainer.fit_progress.validation_pending = False  # a checkpoint written during the validation is past it
     with profile(trainer, "validation"):
         eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)  # puts the module back in its modes
+    trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on so far, read after the validation synchronized
     return trainer.agreement.agree(trainer)
 
 
