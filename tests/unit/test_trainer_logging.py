@@ -56,9 +56,10 @@ def test_training_defaults_are_per_step_and_both_give_suffixed_names() -> None:
     assert set(store.callback_metrics) == {"loss", "both", "both_step"}
     assert isinstance(store.callback_metrics["loss"], torch.Tensor)  # kept on device: no host sync per step
     assert store.flush_step() == {"loss": 2.0, "both_step": 6.0}
-    assert store.flush_step() == {}  # nothing new since
+    assert store.flush_step() == {"loss": 2.0, "both_step": 6.0}  # nothing new since: a later row of the epoch has them again
     values, _ = store.reduce_epoch("train")
     assert values == {"both_epoch": 5.0}
+    assert store.flush_step() == {}  # a new epoch: not until logged again
     assert store.callback_metrics["both"] == 5.0 and store.progress_bar_metrics["both_epoch"] == 5.0
 
 
@@ -316,6 +317,54 @@ def test_manual_optimization_tracker_steps_count_batches(tmp_path: Any) -> None:
     trainer.fit(TwoOptimizers(), _data(3, 1))
     assert trainer.global_step == 6  # two optimizer steps per batch, as Lightning counts them
     assert [step for step, _ in recorder.records] == [0, 1, 2]  # but trackers see one step per batch, from 0
+
+
+class GAN(TrainModule):
+    """Two optimizers stepped by hand: the discriminator's every batch, the generator's (and its loss) every other one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.g, self.d = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        g_opt, d_opt = self.optimizers()
+        d_loss = self.d(batch[0]).mean() - self.d(self.g(batch[0]).detach()).mean()
+        d_opt.zero_grad()
+        self.manual_backward(d_loss)
+        d_opt.step()
+        self.log("d_loss", d_loss)
+        if batch_idx % 2 == 1:
+            g_loss = -self.d(self.g(batch[0])).mean()
+            g_opt.zero_grad()
+            self.manual_backward(g_loss)
+            g_opt.step()
+            self.log("g_loss", g_loss)
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.g.parameters(), lr=0.01), torch.optim.SGD(self.d.parameters(), lr=0.01)]
+
+
+def test_a_step_value_logged_earlier_in_the_epoch_goes_with_every_later_row_as_in_lightning(tmp_path: Any) -> None:
+    """Lightning 2.6.6's metrics.csv of this GAN (CSVLogger, log_every_n_steps=1, 2 epochs of 4 batches): g_loss, logged
+    at odd batches, is in every row after its first in the epoch, with the value last logged; not in an epoch's first row."""
+    import csv
+
+    from callbacks.trackers import CSVLogger
+
+    trainer = Trainer(logger=CSVLogger(str(tmp_path), name="gan", version=0), project_dir=tmp_path, max_epochs=2,
+                      log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(GAN(), _data(4, 1))
+    with open(tmp_path / "gan" / "version_0" / "metrics.csv") as f:
+        rows = [{k: v for k, v in row.items() if v} for row in csv.DictReader(f)]
+    assert trainer.global_step == 12  # 3 optimizer steps per 2 batches
+    assert [(row["step"], row["epoch"], sorted(row)) for row in rows] == [
+        ("0", "0", ["d_loss", "epoch", "step"]), ("1", "0", ["d_loss", "epoch", "g_loss", "step"]),
+        ("2", "0", ["d_loss", "epoch", "g_loss", "step"]), ("3", "0", ["d_loss", "epoch", "g_loss", "step"]),
+        ("4", "1", ["d_loss", "epoch", "step"]), ("5", "1", ["d_loss", "epoch", "g_loss", "step"]),
+        ("6", "1", ["d_loss", "epoch", "g_loss", "step"]), ("7", "1", ["d_loss", "epoch", "g_loss", "step"]),
+    ]
+    assert rows[2]["g_loss"] == rows[1]["g_loss"] != rows[3]["g_loss"]  # batch 2 logged none: batch 1's value again
 
 
 def test_logged_metrics_keep_the_step_values_after_the_epoch(tmp_path: Any) -> None:

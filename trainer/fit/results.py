@@ -66,6 +66,7 @@ class _Entry:
     metric: Any = None
     step_value: Any = None
     step_dirty: bool = False
+    step_sent: float | None = None  # training: the step value last sent to the loggers this epoch (sent with later rows too)
     total: Any = None
     weight: Any = 0.0
     updates: int = 0
@@ -334,7 +335,8 @@ class ResultsStore:
         return out
 
     def flush_step(self, stage: str = "train") -> dict[str, float]:
-        """The step values of `stage` logged since the last call, as floats.
+        """The step values of `stage` logged since the last call, as floats; in training also (as Lightning's rows) those
+        logged earlier in the epoch and not since, with the value last sent.
 
         In training, ``sync_dist`` ones are reduced across ranks, and every rank must call this at the same steps
         when more than one process runs. In evaluation each process runs its own number of batches (every sample
@@ -353,7 +355,19 @@ class ResultsStore:
                 values[entry.forked(name, "step") if entry.on_epoch else name] = reduced.get(name, entry.step_value)
         floats = self._to_floats(values)
         self.logged_metrics.update(floats)  # the synced values, where sync_dist asked for them
-        return floats
+        if not sync:
+            return floats
+        # Lightning's rows: a training step value logged earlier in the epoch goes with every later row of the epoch
+        # (its value from the last step that logged it), as in a GAN's generator loss logged every other batch
+        rows: dict[str, float] = {}
+        for name, entry in entries.items():
+            if entry.on_step and entry.logger:
+                key = entry.forked(name, "step") if entry.on_epoch else name
+                if key in floats:
+                    entry.step_sent = rows[key] = floats[key]
+                elif entry.step_sent is not None:
+                    rows[key] = entry.step_sent
+        return rows
 
     def reduce_epoch(self, stage: str, *, epoch_end: bool = False) -> tuple[dict[str, float], dict[str, float]]:
         """Compute the epoch values of `stage` and reset their accumulators; every rank calls this twice per epoch.
@@ -365,6 +379,9 @@ class ResultsStore:
             ``(all epoch values, the ones meant for the loggers)``, as floats. `callback_metrics`,
             `logged_metrics` and `progress_bar_metrics` are updated.
         """
+        if not epoch_end:  # the epoch's rows are over: a step value is sent again only once logged again
+            for logged in self._entries.get(stage, {}).values():
+                logged.step_sent = None
         entries = {n: e for n, e in self._entries.get(stage, {}).items() if e.on_epoch and e.epoch_end == epoch_end}
         local = {n: "metric" if e.metric is not None else e.reduce_fx for n, e in entries.items() if e.metric is not None or e.updates > 0}
         # what a process that logged nothing under a name (no batch of this loop: evaluation is never padded here) needs
