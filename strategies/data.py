@@ -617,7 +617,7 @@ def prepare_data_loader(
             custom batch sampler.
     """
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+        raise TypeError(f"prepare_data_loader expects a torch.utils.data.DataLoader, got {_not_a_loader(dataloader)}")
     check_processes(num_processes, process_index)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed={seed!r} must be an int, or None (the sampler draws from its generator or the global RNG)")
@@ -652,6 +652,15 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             dataloader, num_processes=1, process_index=0, split_batches=False, even_batches=False, seed=None, put_on_device=False,
         )
     else:
-        raise TypeError(f"skip_first_batches expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+        raise TypeError(f"skip_first_batches expects a torch.utils.data.DataLoader, got {_not_a_loader(dataloader)}")
     view._skip_once = num_batches
     return view
+
+
+def _not_a_loader(data: Any) -> str:
+    """What a loader's place got, and what to pass instead (for the TypeError)."""
+    name = type(data).__name__
+    fix = ("wrap the data in a torch.utils.data.DataLoader (a generator or stream: over an IterableDataset whose __iter__ "
+           "yields the samples) and pass that" if hasattr(data, "__iter__") and not isinstance(data, (str, bytes)) else
+           "pass a torch.utils.data.DataLoader")
+    return f"{'an' if name[:1] in 'aeiouAEIOU' else 'a'} {name} ({data!r:.60}); {fix}"

@@ -67,6 +67,15 @@ def test_prepare_warns_about_what_it_does_not_prepare_and_says_what_to_do(obj, f
     assert "which it does not prepare; it is returned unchanged" in str(caught[0].message)
 
 
+@pytest.mark.parametrize("call", ["prepare_data_loader", "skip_first_batches"])
+def test_a_generator_where_a_loader_goes_names_its_type_and_what_to_pass(call: str) -> None:
+    acc = Accelerator(cpu=True)
+    args = (1,) if call == "skip_first_batches" else ()
+    with pytest.raises(TypeError, match=rf"{call} expects a torch.utils.data.DataLoader, got a generator \(<generator .*\); "
+                                        r"wrap the data in a torch.utils.data.DataLoader \(a generator or stream: over an IterableDataset"):
+        getattr(acc, call)((i for i in range(3)), *args)
+
+
 def test_non_scalar_loss_names_its_shape() -> None:
     acc = Accelerator(cpu=True)
     model = acc.prepare(torch.nn.Linear(2, 3))
