@@ -1,6 +1,7 @@
 """The memory estimate against the measured peak of one training iteration, over a grid of configurations.
 
     python -m benchmarks.memory_estimate [--quick] [--markdown out.md]
+    python -m benchmarks.memory_estimate --gpu      # on a CUDA machine: the estimate against torch.cuda.max_memory_allocated
 
 Grid: a tiny ``transformers`` Llama (built locally from `LlamaConfig`: hidden 64, 2 layers, vocabulary 128; batch
 8 × 128 tokens) and an MLP (4 blocks of 512 → 1024 → 512; batch 8 × 64 × 512) × single / DDP / FSDP2 (2 processes)
@@ -86,12 +87,17 @@ def grid(models: Iterable[str], *, quick: bool, batch_size: int = 8) -> list[tup
 
 
 def measure_all(configs: list[tuple[str, Setup]]) -> list[dict[str, int]]:
-    """Measure each configuration in this process (a process group already joined for ddp/fsdp); tallies as dicts."""
-    out = []
-    for name, setup in configs:
-        torch.manual_seed(0)
-        tally = measure_iteration(MODELS[name][0](), setup)
-        out.append({"peak": tally.peak, "parameters": tally.parameters, "optimizer": tally.optimizer})
+    """Measure each configuration in this process (a process group already joined for ddp/fsdp); tallies as dicts.
+    One torch thread while measuring: on a busy machine two threads wait on each other over these tiny models."""
+    out, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, setup in configs:
+            torch.manual_seed(0)
+            tally = measure_iteration(MODELS[name][0](), setup)
+            out.append({"peak": tally.peak, "parameters": tally.parameters, "optimizer": tally.optimizer})
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
@@ -111,7 +117,6 @@ def _row(name: str, setup: Setup, measured: dict[str, int] | None) -> dict[str, 
 def _worker(rank: int, configs: list[tuple[str, Setup]], port: int, folder: str) -> None:
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINWRIGHT_PG_TIMEOUT": "120"})
-    torch.set_num_threads(1)
     Path(folder, f"rank{rank}.json").write_text(json.dumps(measure_all(configs)))
 
 
@@ -137,6 +142,37 @@ def run(*, quick: bool) -> list[dict[str, Any]]:
     return [_row(name, setup, measured.get(i)) for i, (name, setup) in enumerate(configs)]
 
 
+def gpu_llama() -> nn.Module:
+    """A ~150 M-parameter Llama for the GPU rows (hidden 1024, 8 layers, vocabulary 32,000)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                         vocab_size=32000, max_position_embeddings=2048)
+    return LlamaForCausalLM(config)
+
+
+def run_gpu() -> list[dict[str, Any]]:
+    """Single-GPU rows: the estimate (``device="cuda"``) against ``torch.cuda.max_memory_allocated`` of one iteration."""
+    from trainer.planning.measure import measure_cuda_peak
+
+    rows = []
+    for precision, ac, opt in itertools.product(("32-true", "bf16-mixed", "bf16-true"), (False, True), ("adamw", "sgd")):
+        setup = Setup(strategy="single", num_processes=1, precision=precision, optimizer=opt, activation_checkpointing=ac,
+                      batch_size=4, shape=(1024,), device="cuda")
+        torch.manual_seed(0)
+        model = gpu_llama()
+        estimate = estimate_setup(meta_copy(model), setup)
+        measured = measure_cuda_peak(model, setup)
+        del model
+        torch.cuda.empty_cache()
+        rows.append({"model": "llama-150m", "strategy": "single", "processes": 1, "ac": ac, "precision": precision, "optimizer": opt,
+                     "predicted": estimate.peak, "predicted_parameters": estimate.parameters,
+                     "predicted_optimizer": estimate.optimizer, "weights_only": estimate.weights_only,
+                     "measured": measured, "measured_parameters": estimate.parameters, "measured_optimizer": estimate.optimizer,
+                     "error": estimate.peak / measured - 1})
+    return rows
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     mib = 2**20
     header = ("| model | strategy | AC | precision | optimizer | predicted peak | measured peak | error | params pred / meas (MiB) | "
@@ -146,8 +182,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         meas = r.get("measured")
         measured = f"{meas / mib:.2f} MiB" if meas else "not measured"
         error = f"{100 * r['error']:+.1f}%" if meas else "—"
-        params = f"{r['predicted_parameters'] / mib:.3f} / {r['measured_parameters'] / mib:.3f}" if meas else f"{r['predicted_parameters'] / mib:.3f} / —"
-        optim = f"{r['predicted_optimizer'] / mib:.3f} / {r['measured_optimizer'] / mib:.3f}" if meas else f"{r['predicted_optimizer'] / mib:.3f} / —"
+        params, optim = (f"{r[f'predicted_{k}'] / mib:.3f} / " + (f"{r[f'measured_{k}'] / mib:.3f}" if f"measured_{k}" in r else "—")
+                         for k in ("parameters", "optimizer"))
         weights = f"{r['weights_only'] / meas:.2f}×" if meas else f"{r['weights_only'] / r['predicted']:.2f}× (of predicted)"
         lines.append(f"| {r['model']} | {r['strategy']} ×{r['processes']} | {'on' if r['ac'] else 'off'} | {r['precision']} | "
                      f"{r['optimizer']} | {r['predicted'] / mib:.2f} MiB | {measured} | {error} | {params} | {optim} | {weights} |")
@@ -157,10 +193,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="AdamW only")
+    parser.add_argument("--gpu", action="store_true", help="the single-GPU rows (torch.cuda.max_memory_allocated) instead")
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    rows = run(quick=args.quick)
+    if args.gpu and not torch.cuda.is_available():
+        print("--gpu needs a CUDA device; none is available")
+        return 2
+    rows = run_gpu() if args.gpu else run(quick=args.quick)
     table = markdown(rows)
     print(table)
     if args.markdown:

@@ -15,6 +15,7 @@ iteration is the steady state of training. ``zero_grad()`` sets gradients to Non
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -118,6 +119,7 @@ def tracked_iteration(
 ) -> Tally:
     """Run forward, backward, ``optimizer.step()`` and ``zero_grad()`` once under a tracker; return its tally."""
     tracker = make_tracker(model, optimizer, batch, sharded=sharded)
+    tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)
     phases: dict[str, dict[str, int]] = {}
     with tracker:
         loss = loss_fn(model, batch)
@@ -138,6 +140,14 @@ def tracked_iteration(
         activations=after_forward["activations"],
         phases=phases,
     )
+
+
+def _update_global_peak(tracker: Any, _state: Any) -> None:
+    """The trackers' peak update without their per-module peaks (unused here; they walk every module at every op)."""
+    for dev, snap in tracker._curr_mem_snap.items():
+        if tracker._peak_mem.get(dev, 0) < snap["Total"]:
+            tracker._peak_mem[dev] = snap["Total"]
+            tracker._peak_mem_snap[dev] = dict(snap)
 
 
 def _phase_peak(tracker: Any) -> dict[str, int]:

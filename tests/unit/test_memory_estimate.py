@@ -1,0 +1,126 @@
+"""`estimate_memory` against one measured training iteration (single process), its extrapolation, CLI and errors.
+
+The full grid (DDP, FSDP2, DeepSpeed, both optimizers, every precision) is `benchmarks/memory_estimate.py`; this keeps a
+representative handful. The 2-process FSDP2/DDP check is tests/distributed/test_memory_estimate_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks.memory_estimate import MLP, tiny_llama
+from trainer.cli import main
+from trainer.planning.budget import plan_memory
+from trainer.planning.layouts import Setup, trace
+from trainer.planning.measure import measure_iteration
+from trainer.planning.memory import estimate_setup, read_size
+from trainer.planning.models import find_blocks, meta_copy
+from trainer.utils import estimate_memory
+
+SINGLE = [  # (model, precision, activation checkpointing, optimizer)
+    ("llama", "32-true", False, "adamw"),
+    ("llama", "bf16-mixed", True, "sgd"),
+    ("mlp", "bf16-true", False, "adamw"),
+]
+
+
+def _setup(model: str, precision: str, ac: bool, optimizer: str, strategy: str = "single", processes: int = 1) -> Setup:
+    shape = (32,) if model == "llama" else (8, 512)
+    return Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
+                 activation_checkpointing=ac, batch_size=2, shape=shape, device="cpu")
+
+
+def _model(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return tiny_llama() if name == "llama" else MLP()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny real iterations on a busy machine: one torch thread (two wait on each other), restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_estimate_is_within_10_percent_of_the_measured_peak_and_breakdown(one_thread):
+    for name, precision, ac, optimizer in SINGLE:
+        setup = _setup(name, precision, ac, optimizer)
+        model = _model(name)
+        estimate = estimate_setup(meta_copy(model), setup)
+        measured = measure_iteration(model, setup)
+        label = f"{name} {precision} ac={ac} {optimizer}"
+        assert estimate.peak == pytest.approx(measured.peak, rel=0.10), label
+        assert estimate.parameters == pytest.approx(measured.parameters, rel=0.10), label
+        assert estimate.optimizer == pytest.approx(measured.optimizer, rel=0.10), label
+        assert estimate.weights_only < 0.5 * measured.peak, label  # activations and temporaries dominate these runs
+
+
+def test_a_deep_model_is_traced_with_a_few_blocks_and_extrapolated_exactly():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=128, max_position_embeddings=128)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    setup = _setup("llama", "bf16-mixed", True, "adamw", "fsdp", 4)
+    estimate = estimate_setup(model, setup)
+    assert estimate.traced_blocks == (3, 4) and estimate.blocks == 5
+    assert estimate.peak == pytest.approx(trace(meta_copy(model), find_blocks(model), setup).peak, rel=0.01)
+
+
+def test_cli_prints_json_and_a_table(tmp_path, capsys):
+    tiny_llama().config.save_pretrained(tmp_path)
+    args = [str(tmp_path), "--precision", "bf16-mixed", "--batch_size", "2", "--seq_len", "32"]
+    assert main(["estimate-memory", *args, "--strategy", "fsdp", "--num_processes", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["per_process"]) >= {"parameters", "gradients", "optimizer", "activations", "peak"}
+    assert out["per_process"]["peak"] >= out["per_process"]["parameters"] + out["per_process"]["optimizer"] > 0
+    assert out["config"]["num_processes"] == 2 and out["model"]["blocks"] == 2
+    assert main(["estimate-memory", *args]) == 0
+    assert "peak" in capsys.readouterr().out
+    assert main(["estimate-memory", *args, "--strategy", "single", "--num_processes", "2"]) == 2
+    assert "use strategy='ddp'" in capsys.readouterr().err
+
+
+def test_budget_lists_what_fits_first_and_says_why_the_rest_does_not():
+    model = meta_copy(_model("llama"))
+    budget = estimate_setup(model, _setup("llama", "bf16-true", True, "adamw")).peak  # micro-batch 2 fits there
+    plans = plan_memory(model, budget=budget, max_processes=1, global_batch_size=4, shape=(32,), strategies=("single",),
+                        precisions=("bf16-true",), device="cpu")
+    assert len(plans) == 2
+    fitting = [p for p in plans if p.fits]
+    assert fitting and all(p.peak <= budget for p in fitting)
+    assert plans[: len(fitting)] == fitting
+    assert all(p.micro_batch_size * p.accumulation_steps == 4 for p in fitting)
+    assert any(p.precision == "bf16-true" and p.activation_checkpointing and p.micro_batch_size >= 2 for p in fitting)
+    assert all("> budget" in p.reason and p.peak > budget for p in plans if not p.fits)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"strategy": "zero9"}, ValueError, "strategy='zero9'"),
+    ({"precision": "fp8"}, ValueError, "choose one of"),
+    ({"batch_size": 0}, ValueError, "batch_size=0"),
+    ({"strategy": "single", "num_processes": 4}, ValueError, "use strategy='ddp'"),
+    ({"strategy": "deepspeed_stage_2", "num_processes": 2, "precision": "bf16-true"}, ValueError, "bf16-mixed"),
+    ({"seq_len": None}, ValueError, "exactly one"),
+    ({"seq_len": None, "input_shape": "64,512"}, TypeError, "tuple of positive ints"),
+])
+def test_bad_input_names_the_value_and_the_fix(kwargs, error, words):
+    args = {"seq_len": 16, **kwargs}
+    with pytest.raises(error, match=words):
+        estimate_memory(MLP, **args)
+
+
+def test_bad_model_and_budget():
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        estimate_memory("/nonexistent/model", seq_len=16)
+    with pytest.raises(ValueError, match="language model"):
+        estimate_memory(tiny_llama, input_shape=(16, 64))
+    with pytest.raises(ValueError, match="'80 parsecs'"):
+        read_size("80 parsecs")
+    assert read_size("80GiB") == 80 * 2**30
