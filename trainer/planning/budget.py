@@ -5,8 +5,9 @@
 
 Every combination of strategy × processes (powers of two up to ``max_processes``) × activation checkpointing ×
 precision is tried; for each, the largest micro-batch that fits (the accumulation steps make up the global batch).
-Memory is linear in the micro-batch (every phase's every category), so each combination is traced at micro-batch 1
-and 2 and extrapolated. The ones that fit come first, cheapest in memory traffic first: the bytes each process sends
+Every phase's every category is linear in the micro-batch and in 1/N (shards), so each strategy × precision ×
+activation checkpointing is traced three times (2 and 4 processes at micro-batch 1, 2 processes at micro-batch 2) and
+every process count and micro-batch is computed from those (`_PeakModel`). The ones that fit come first, cheapest in memory traffic first: the bytes each process sends
 per optimizer step (none on one process; a gradient all-reduce for DDP and ZeRO-2; for FSDP and ZeRO-3 two
 parameter all-gathers and a gradient reduce-scatter per micro-batch), then without recomputation (no activation
 checkpointing), then fewer accumulation steps.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.planning.layouts import PRECISIONS, STRATEGIES, Setup
-from trainer.planning.memory import MemoryEstimate, estimate_setup, format_bytes
+from trainer.planning.memory import format_bytes, tally_setup
 
 
 @dataclass(frozen=True)
@@ -56,18 +57,6 @@ def _process_counts(max_processes: int) -> list[int]:
     return sorted({*counts, max_processes})
 
 
-def _traffic(setup: Setup, estimate: MemoryEstimate, accumulation: int) -> int:
-    """Bytes one process sends per optimizer step (ring collectives: (N-1)/N of the buffer per all-gather/reduce)."""
-    if setup.num_processes == 1:
-        return 0
-    share = (setup.num_processes - 1) / setup.num_processes
-    grad_bytes = estimate.num_parameters * (2 if setup.precision == "bf16-true" else 4)
-    if setup.sharded:
-        compute_bytes = estimate.num_parameters * (4 if setup.precision == "32-true" else 2)
-        return int(share * (2 * compute_bytes + grad_bytes) * accumulation)
-    return int(2 * share * grad_bytes)
-
-
 def _candidates(max_processes: int, strategies: tuple[str, ...], precisions: tuple[str, ...]) -> list[tuple[str, int, str, bool]]:
     return [(strategy, processes, precision, ac)
             for strategy in strategies for processes in _process_counts(max_processes)
@@ -75,19 +64,51 @@ def _candidates(max_processes: int, strategies: tuple[str, ...], precisions: tup
             for precision in precisions for ac in (False, True)]
 
 
-def _largest_fitting(base: Any, setup: Setup, budget: int, per_process: int) -> tuple[int, MemoryEstimate]:
-    """The largest micro-batch dividing `per_process` whose peak fits (0 if none), and the estimate there (or at 1)."""
-    one = estimate_setup(base, replace(setup, batch_size=1))
-    if per_process == 1 or one.peak > budget:
-        return (1 if one.peak <= budget else 0), one
-    two = estimate_setup(base, replace(setup, batch_size=2))
-    slope = two.peak - one.peak
-    best, best_peak = 1, one.peak
-    for micro in (m for m in range(2, per_process + 1) if per_process % m == 0):
-        peak = one.peak + slope * (micro - 1)
+class _PeakModel:
+    """Every category of every phase as ``a + b / N + c * (B - 1)`` (N processes, micro-batch B), from three traces:
+    shards scale with 1/N, activations with the micro-batch, the rest (unsharded units, buckets) stays. One process
+    (``single``): ``a + c * (B - 1)`` from two."""
+
+    def __init__(self, base: Any, setup: Setup) -> None:
+        self.shared = setup.strategy != "single"
+        two = 2 if self.shared else 1
+        self.small = tally_setup(base, replace(setup, num_processes=two, batch_size=1))[0]
+        self.wide = tally_setup(base, replace(setup, num_processes=4, batch_size=1))[0] if self.shared else self.small
+        self.large = tally_setup(base, replace(setup, num_processes=two, batch_size=2))[0]
+
+    def peak(self, processes: int, micro_batch: int) -> int:
+        best = 0
+        for phase, small in self.small.phases.items():
+            total = 0.0
+            for name, x_small in small.items():
+                b = 4 * (x_small - self.wide.phases[phase][name]) if self.shared else 0
+                a = x_small - b / (2 if self.shared else 1)
+                c = self.large.phases[phase][name] - x_small
+                total += max(0.0, a + b / processes + c * (micro_batch - 1))
+            best = max(best, int(total))
+        return best
+
+
+def _largest_fitting(model: _PeakModel, processes: int, budget: int, per_process: int) -> tuple[int, int]:
+    """The largest micro-batch dividing `per_process` whose peak fits (0 if none), and the peak there (or at 1)."""
+    best, best_peak = 0, model.peak(processes, 1)
+    for micro in (m for m in range(1, per_process + 1) if per_process % m == 0):
+        peak = model.peak(processes, micro)
         if peak <= budget:
             best, best_peak = micro, peak
-    return best, replace(one, peak=best_peak, batch_size=best)
+    return best, best_peak
+
+
+def _traffic(setup: Setup, num_parameters: int, accumulation: int) -> int:
+    """Bytes one process sends per optimizer step (ring collectives: (N-1)/N of the buffer per all-gather/reduce)."""
+    if setup.num_processes == 1:
+        return 0
+    share = (setup.num_processes - 1) / setup.num_processes
+    grad_bytes = num_parameters * (2 if setup.precision == "bf16-true" else 4)
+    if setup.sharded:
+        compute_bytes = num_parameters * (4 if setup.precision == "32-true" else 2)
+        return int(share * (2 * compute_bytes + grad_bytes) * accumulation)
+    return int(2 * share * grad_bytes)
 
 
 def _refused(setup: Setup, reason: str) -> Plan:
@@ -96,24 +117,25 @@ def _refused(setup: Setup, reason: str) -> Plan:
                 fits=False, peak=0, traffic=0, reason=reason)
 
 
-def _plan_one(base: Any, setup: Setup, budget: int, global_batch_size: int) -> Plan:
+def _plan_one(models: dict[tuple[str, str, bool], _PeakModel], base: Any, setup: Setup, budget: int, global_batch_size: int) -> Plan:
     if global_batch_size % setup.num_processes:
         return _refused(setup, f"the global batch {global_batch_size} does not split over {setup.num_processes} processes")
     if setup.strategy.startswith("deepspeed") and setup.precision == "bf16-true":
         return _refused(setup, "DeepSpeed keeps float32 master weights: no true bf16")
-    per_process = global_batch_size // setup.num_processes
+    key = (setup.strategy, setup.precision, setup.activation_checkpointing)
     try:
-        micro, estimate = _largest_fitting(base, setup, budget, per_process)
+        model = models[key] if key in models else models.setdefault(key, _PeakModel(base, setup))
     except ValueError as err:  # e.g. no repeated blocks to checkpoint or shard
         return _refused(setup, str(err))
+    per_process = global_batch_size // setup.num_processes
+    micro, peak = _largest_fitting(model, setup.num_processes, budget, per_process)
     if not micro:
-        return replace(_refused(setup, f"peak {format_bytes(estimate.peak)} at micro-batch 1 > budget {format_bytes(budget)}"),
-                       peak=estimate.peak)
+        return replace(_refused(setup, f"peak {format_bytes(peak)} at micro-batch 1 > budget {format_bytes(budget)}"), peak=peak)
     accumulation = per_process // micro
     return Plan(strategy=setup.strategy, num_processes=setup.num_processes, precision=setup.precision,
                 activation_checkpointing=setup.activation_checkpointing, micro_batch_size=micro,
-                accumulation_steps=accumulation, fits=True, peak=estimate.peak,
-                traffic=_traffic(setup, estimate, accumulation), reason="")
+                accumulation_steps=accumulation, fits=True, peak=peak,
+                traffic=_traffic(setup, sum(p.numel() for p in base.parameters()), accumulation), reason="")
 
 
 def plan_memory(base: Any, *, budget: int, max_processes: int, global_batch_size: int, shape: tuple[int, ...],
@@ -121,8 +143,9 @@ def plan_memory(base: Any, *, budget: int, max_processes: int, global_batch_size
                 precisions: tuple[str, ...] = tuple(PRECISIONS)) -> list[Plan]:
     """Every configuration for a meta model `base` (`load_meta_model`), those that fit first (see the module docstring);
     `strategies` and `precisions` narrow the search."""
+    models: dict[tuple[str, str, bool], _PeakModel] = {}
     plans = [
-        _plan_one(base, Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
+        _plan_one(models, base, Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
                               activation_checkpointing=ac, batch_size=1, shape=shape, device=device), budget, global_batch_size)
         for strategy, processes, precision, ac in _candidates(max_processes, strategies, precisions)
     ]

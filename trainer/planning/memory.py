@@ -110,6 +110,12 @@ def estimate_memory(
 
 def estimate_setup(base: Any, setup: Setup) -> MemoryEstimate:
     """`estimate_memory` for a checked `setup` and a meta model (`load_meta_model`), which stays untouched."""
+    tally, blocks, traced = tally_setup(base, setup)
+    return _estimate(setup, tally, base, blocks, traced)
+
+
+def tally_setup(base: Any, setup: Setup) -> tuple[Tally, int, tuple[int, ...]]:
+    """The tally of one iteration of `base` as `setup` runs it, its block count, and the block counts traced."""
     _check_shape_fits(base, setup)
     blocks = find_blocks(base)
     if (setup.activation_checkpointing or setup.sharded) and not blocks.classes:
@@ -124,7 +130,7 @@ def estimate_setup(base: Any, setup: Setup) -> MemoryEstimate:
         traced: tuple[int, ...] = _TRACED_BLOCKS
     else:
         tally, traced = trace(meta_copy(base), blocks, setup), (blocks.count,)
-    return _estimate(setup, tally, base, blocks.count, traced)
+    return tally, blocks.count, traced
 
 
 def _estimate(setup: Setup, tally: Tally, base: Any, blocks: int, traced: tuple[int, ...]) -> MemoryEstimate:
