@@ -25,6 +25,7 @@ import copy
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -546,6 +547,11 @@ class DeepSpeedStrategy(Strategy, Engine):
 
     def teardown(self) -> None:
         self.engine = None
+        deepspeed = sys.modules.get("deepspeed")
+        if self._owns_group and dist.is_initialized() and deepspeed is not None and deepspeed.comm.is_initialized():
+            # DeepSpeed keeps handles of the groups it made from this one (a clone of the world group): its own destroy
+            # lets them go, or the next engine in this process would use groups that no longer exist
+            deepspeed.comm.destroy_process_group()
         leave_process_group(self._owns_group)
         self._owns_group = False
 

@@ -394,3 +394,32 @@ def test_accelerate_config_deepspeed_section_reaches_the_strategy(monkeypatch: p
         acc.end_training()
     with pytest.raises(ValueError, match=r"deepspeed_plugin has unknown key\(s\) \['zero_stages'\]"):
         settings.updated(deepspeed_plugin={"zero_stages": 3})
+
+
+def _two_runs_in_one_process() -> list[float]:
+    """A DeepSpeed run torn down (its process group destroyed), then a second one in the same process (a notebook)."""
+    from strategies import DeepSpeedStrategy
+    from trainer import Accelerator
+    from trainer.state import AcceleratorState
+
+    losses = []
+    for _ in range(2):
+        acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=2))
+        model = _net()
+        model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = _data()
+        loss = nn.functional.mse_loss(model(x[:4]), y[:4])
+        acc.backward(loss)
+        opt.step()
+        losses.append(float(loss))
+        acc.end_training()
+        acc.teardown()
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return losses
+
+
+def test_a_second_deepspeed_run_after_teardown_in_the_same_process() -> None:
+    """DeepSpeed keeps its own handles of the groups; the teardown lets them go, so the second engine does not use a
+    destroyed group ("Group ... is not registered")."""
+    for first, second in run_distributed(_two_runs_in_one_process, fresh=True):
+        assert first == second

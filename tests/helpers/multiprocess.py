@@ -90,6 +90,9 @@ class _FreshStart:
         from trainer.state import AcceleratorState
 
         faulthandler.cancel_dump_traceback_later()
+        deepspeed = sys.modules.get("deepspeed")
+        if dist.is_initialized() and deepspeed is not None and deepspeed.comm.is_initialized():
+            deepspeed.comm.destroy_process_group()  # (and lets go of DeepSpeed's handles of the groups)
         if dist.is_initialized():
             dist.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate's reset of the process's layout
