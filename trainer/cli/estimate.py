@@ -51,6 +51,13 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (TypeError, ImportError) as err:  # a factory that returns no module, transformers missing: one error line
+        raise ValueError(str(err)) from err
+
+
+def _run(args: argparse.Namespace) -> int:
     from trainer.planning.memory import estimate_memory, read_size  # lazy: torch only when the command runs
 
     if args.budget is not None:
@@ -84,8 +91,8 @@ def _table(estimate: Any) -> str:
 
 def _run_plan(args: argparse.Namespace, budget: int) -> int:
     from trainer.planning.budget import plan_memory  # lazy: torch only when the command runs
-    from trainer.planning.memory import check_setup
-    from trainer.planning.models import load_meta_model
+    from trainer.planning.memory import check_setup  # lazy: torch only when the command runs
+    from trainer.planning.models import load_meta_model  # lazy: torch only when the command runs
 
     shape = (args.seq_len,) if args.seq_len is not None else args.input_shape
     setup = check_setup(strategy="ddp", num_processes=args.num_processes, precision=args.precision, optimizer=args.optimizer,

@@ -5,9 +5,9 @@
 
 Every combination of strategy × processes (powers of two up to ``max_processes``) × activation checkpointing ×
 precision is tried; for each, the largest micro-batch that fits (the accumulation steps make up the global batch).
-Every phase's every category is linear in the micro-batch and in 1/N (shards), so each strategy × precision ×
-activation checkpointing is traced three times (2 and 4 processes at micro-batch 1, 2 processes at micro-batch 2) and
-every process count and micro-batch is computed from those (`_PeakModel`). The ones that fit come first, cheapest in memory traffic first: the bytes each process sends
+Each strategy × precision × activation checkpointing is traced at micro-batch 1 for each process count, and once at
+micro-batch 2; the growth from 1 to 2 guesses the largest micro-batch that fits, and that micro-batch is traced
+itself to decide (`_PeakModel`), so every configuration said to fit was estimated as it would run. The ones that fit come first, cheapest in memory traffic first: the bytes each process sends
 per optimizer step (none on one process; a gradient all-reduce for DDP and ZeRO-2; for FSDP and ZeRO-3 two
 parameter all-gathers and a gradient reduce-scatter per micro-batch), then without recomputation (no activation
 checkpointing), then fewer accumulation steps.
@@ -20,6 +20,7 @@ from typing import Any
 
 from trainer.planning.layouts import PRECISIONS, STRATEGIES, Setup
 from trainer.planning.memory import format_bytes, tally_setup
+from trainer.planning.trace import Tally
 
 
 @dataclass(frozen=True)
@@ -65,38 +66,49 @@ def _candidates(max_processes: int, strategies: tuple[str, ...], precisions: tup
 
 
 class _PeakModel:
-    """Every category of every phase as ``a + b / N + c * (B - 1)`` (N processes, micro-batch B), from three traces:
-    shards scale with 1/N, activations with the micro-batch, the rest (unsharded units, buckets) stays. One process
-    (``single``): ``a + c * (B - 1)`` from two."""
+    """Peaks of one strategy × precision × activation checkpointing at any process count N and micro-batch B.
+
+    Traced at (N, 1) for each N asked (DDP's trace does not depend on N), and at (N₀, 2) once: each phase's peak grows
+    with B by its growth from 1 to 2 at N₀ (activations do not depend on N). That guess picks the micro-batch; the
+    micro-batch chosen is then traced itself (`exact`), so a configuration said to fit was estimated as it runs.
+    """
 
     def __init__(self, base: Any, setup: Setup) -> None:
-        self.shared = setup.strategy != "single"
-        two = 2 if self.shared else 1
-        self.small = tally_setup(base, replace(setup, num_processes=two, batch_size=1))[0]
-        self.wide = tally_setup(base, replace(setup, num_processes=4, batch_size=1))[0] if self.shared else self.small
-        self.large = tally_setup(base, replace(setup, num_processes=two, batch_size=2))[0]
+        self.base, self.setup = base, setup
+        self.traces: dict[tuple[int, int], Tally] = {}
+        first = 1 if setup.strategy == "single" else 2
+        one, two = self.trace(first, 1), self.trace(first, 2)
+        self.growth = {phase: max(0, _total(two, phase) - _total(one, phase)) for phase in one.phases}
 
-    def peak(self, processes: int, micro_batch: int) -> int:
-        best = 0
-        for phase, small in self.small.phases.items():
-            total = 0.0
-            for name, x_small in small.items():
-                b = 4 * (x_small - self.wide.phases[phase][name]) if self.shared else 0
-                a = x_small - b / (2 if self.shared else 1)
-                c = self.large.phases[phase][name] - x_small
-                total += max(0.0, a + b / processes + c * (micro_batch - 1))
-            best = max(best, int(total))
-        return best
+    def trace(self, processes: int, micro_batch: int) -> Tally:
+        key = (2 if self.setup.strategy == "ddp" else processes, micro_batch)
+        if key not in self.traces:
+            self.traces[key] = tally_setup(self.base, replace(self.setup, num_processes=processes, batch_size=micro_batch))[0]
+        return self.traces[key]
+
+    def guess(self, processes: int, micro_batch: int) -> int:
+        at_one = self.trace(processes, 1)
+        return max(_total(at_one, phase) + self.growth[phase] * (micro_batch - 1) for phase in at_one.phases)
+
+    def exact(self, processes: int, micro_batch: int) -> int:
+        return self.trace(processes, micro_batch).peak
+
+
+def _total(tally: Tally, phase: str) -> int:
+    return sum(tally.phases[phase].values())
 
 
 def _largest_fitting(model: _PeakModel, processes: int, budget: int, per_process: int) -> tuple[int, int]:
-    """The largest micro-batch dividing `per_process` whose peak fits (0 if none), and the peak there (or at 1)."""
-    best, best_peak = 0, model.peak(processes, 1)
-    for micro in (m for m in range(1, per_process + 1) if per_process % m == 0):
-        peak = model.peak(processes, micro)
+    """The largest micro-batch dividing `per_process` that fits (0 if none), and its peak (or the peak at 1)."""
+    at_one = model.exact(processes, 1)
+    if at_one > budget:
+        return 0, at_one
+    candidates = [m for m in range(per_process, 1, -1) if per_process % m == 0 and model.guess(processes, m) <= budget]
+    for micro in candidates:  # largest first; the guess chose them, a trace of each decides
+        peak = model.exact(processes, micro)
         if peak <= budget:
-            best, best_peak = micro, peak
-    return best, best_peak
+            return micro, peak
+    return 1, at_one
 
 
 def _traffic(setup: Setup, num_parameters: int, accumulation: int) -> int:
