@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+
+def _session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder this test session's temporary files are under (shared by its xdist workers)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(autouse=True)
@@ -16,6 +23,9 @@ def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    # C++ extensions built at run time (DeepSpeed's CPU communication op: 40-70 s of compiling) are built once per
+    # test session and shared, not once per test's fresh HOME; torch's build lock serializes the xdist workers
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(_session_root(tmp_path_factory) / "torch_extensions"))
     for name in list(os.environ):
         if name.startswith("TRAINWRIGHT_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(name, raising=False)
@@ -24,3 +34,16 @@ def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stress-runs", type=int, default=1, dest="stress_runs",
                      help="runs of each stress scenario (tests/stress; default 1: every check once; python -m tests.stress runs many)")
+
+
+_PROCESS_DIRS = ("integration", "stress")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that start jobs of several processes run one after another on one xdist worker (two ranks fill two
+    cores), beside the single-process tests on the other; all of them are slow (``pytest -m "not slow"`` skips them)."""
+    for item in items:
+        folder = item.path.parent.name
+        if item.get_closest_marker("distributed") or folder in _PROCESS_DIRS:
+            item.add_marker(pytest.mark.xdist_group("processes"))
+            item.add_marker(pytest.mark.slow)
