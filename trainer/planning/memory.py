@@ -8,7 +8,7 @@
 
 The model runs one real training iteration (forward, backward, optimizer step) on fake tensors, under PyTorch's
 memory trackers, prepared by the strategies' own code (`trainer.planning.layouts`); see `trainer.planning.trace`.
-A model of many identical blocks is traced with 3 and 4 of them and extrapolated to all of them (every number is
+A model of many identical blocks is traced with 4 and 5 of them and extrapolated to all of them (every number is
 linear in the block count), so a 70B model estimates in seconds.
 """
 
@@ -21,7 +21,7 @@ from trainer.planning.layouts import DEVICES, OPTIMIZERS, PRECISIONS, STRATEGIES
 from trainer.planning.models import ModelSource, find_blocks, is_language_model, keep_blocks, load_meta_model, meta_copy
 from trainer.planning.trace import CATEGORIES, Tally
 
-_TRACED_BLOCKS = (3, 4)  # models with more blocks are traced with these many and extrapolated
+_TRACED_BLOCKS = (4, 5)  # models with more blocks are traced with these many and extrapolated
 
 
 @dataclass(frozen=True)

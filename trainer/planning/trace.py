@@ -73,14 +73,23 @@ class Tally:
         return self.at_peak["temporaries"]
 
     def scaled(self, other: Tally, factor: float) -> Tally:
-        """``self + factor * (other - self)`` in every number: a linear extrapolation from two tallies."""
+        """``self + factor * (other - self)``: a linear extrapolation from two tallies.
+
+        Each phase's peak is extrapolated as a total: the moment of a phase's peak may differ between the two (a
+        category at the peak of one is not at the peak of the other), so its categories are extrapolated each and the
+        temporaries made up to the total.
+        """
         def mix(a: int, b: int) -> int:
             return max(0, round(a + factor * (b - a)))
 
-        return Tally(
-            **{name: mix(getattr(self, name), getattr(other, name)) for name in CATEGORIES[:4]},
-            phases={phase: {k: mix(self.phases[phase][k], other.phases[phase][k]) for k in CATEGORIES} for phase in self.phases},
-        )
+        phases = {}
+        for phase, mine in self.phases.items():
+            theirs = other.phases[phase]
+            mixed = {k: mix(mine[k], theirs[k]) for k in CATEGORIES}
+            total = mix(sum(mine.values()), sum(theirs.values()))
+            mixed["temporaries"] = max(0, total - sum(v for k, v in mixed.items() if k != "temporaries"))
+            phases[phase] = mixed
+        return Tally(**{name: mix(getattr(self, name), getattr(other, name)) for name in CATEGORIES[:4]}, phases=phases)
 
 
 def _ours(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
