@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,23 @@ def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
             monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Iterator[None]:
+    """A one-process group a test's strategy joined in this process (DeepSpeed needs one) ends with the test, as it
+    would with the script: the next test on this worker starts without one, whatever ran before it."""
+    yield
+    import sys
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        deepspeed = sys.modules.get("deepspeed")
+        if deepspeed is not None and deepspeed.comm.is_initialized():
+            deepspeed.comm.destroy_process_group()  # (and lets go of DeepSpeed's handles of the groups)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stress-runs", type=int, default=1, dest="stress_runs",
                      help="runs of each stress scenario (tests/stress; default 1: every check once; python -m tests.stress runs many)")
@@ -39,6 +57,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _PROCESS_DIRS = ("integration", "stress")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that start jobs of several processes run one after another on one xdist worker (two ranks fill two
     cores), beside the single-process tests on the other; all of them are slow (``pytest -m "not slow"`` skips them)."""

@@ -137,7 +137,10 @@ def test_a_default_callback_is_not_added_when_a_subclass_is_passed(tmp_path: Pat
     assert trainer.checkpoint_callback is mine
 
 
-def test_a_trainer_that_starts_its_processes_at_fit_has_no_accelerator_before(tmp_path: Path) -> None:
+def test_a_trainer_that_starts_its_processes_at_fit_has_no_accelerator_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.fit import args
+
+    monkeypatch.setattr(args, "can_rerun_current_script", lambda: True)  # as from `python script.py` (not a notebook)
     trainer = Trainer(project_dir=tmp_path, log_with=None, strategy="ddp", devices=2, accelerator="cpu")
     assert trainer.world_size == 1 and trainer.is_global_zero
     with pytest.raises(RuntimeError, match=r"start at trainer\.fit\(\)"):

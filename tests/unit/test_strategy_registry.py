@@ -51,6 +51,7 @@ def test_auto_builds_what_resolve_auto_names() -> None:
 
 
 def test_fit_launches_ddp_for_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trainer_args, "can_rerun_current_script", lambda: True)  # as from `python script.py`
     launched: list[tuple[int, dict[str, Any]]] = []
     monkeypatch.setattr(trainer_args, "launch_current_script", lambda n, **settings: launched.append((n, settings)))
     for strategy, runs_as in (("auto", "ddp"), ("fsdp2", "fsdp2"), (strategies.DDPStrategy.__new__(strategies.DDPStrategy), "ddp")):
@@ -125,5 +126,5 @@ def test_a_launch_from_a_notebook_names_notebook_launcher(monkeypatch: pytest.Mo
     with pytest.raises(RuntimeError, match=r"strategy='ddp_notebook', devices=2.*notebook_launcher\(train, num_processes=2\)"):
         trainer_args.check_arguments(**_trainer_defaults(strategy="ddp_notebook", devices=2))
     assert not trainer_args.check_arguments(**_trainer_defaults(strategy="ddp_notebook", devices=1)).launch_processes
-    monkeypatch.undo()
+    monkeypatch.setattr(trainer_args, "can_rerun_current_script", lambda: True)  # as from `python script.py`
     assert trainer_args.check_arguments(**_trainer_defaults(strategy="ddp_spawn", devices=2)).launch_processes
