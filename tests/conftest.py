@@ -57,12 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 _PROCESS_DIRS = ("integration", "stress")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that start jobs of several processes run one after another on one xdist worker (two ranks fill two
-    cores), beside the single-process tests on the other; all of them are slow (``pytest -m "not slow"`` skips them)."""
+    """Tests that start processes (multi-process jobs, launches, scripts) are slow: ``pytest -m "not slow"`` skips them."""
     for item in items:
-        folder = item.path.parent.name
-        if item.get_closest_marker("distributed") or folder in _PROCESS_DIRS:
-            item.add_marker(pytest.mark.xdist_group("processes"))
+        if item.get_closest_marker("distributed") or item.path.parent.name in _PROCESS_DIRS:
             item.add_marker(pytest.mark.slow)

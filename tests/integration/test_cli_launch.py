@@ -321,6 +321,6 @@ def test_a_rank_killed_by_sigkill_is_named_with_its_signal(tmp_path: Path) -> No
 def test_python_dash_m_trainer_is_the_cli(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "{launch,config,env,test,convert-checkpoint}" in result.stdout
+    assert "{launch,config,env,test,convert-checkpoint,estimate-memory}" in result.stdout
     result = subprocess.run([sys.executable, "-m", "trainer"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
