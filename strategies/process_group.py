@@ -195,6 +195,8 @@ def _print_stack_when_asked(store: Any, rank: int) -> None:
     key = _KEY.format(kind="dump", rank=rank)
     while True:
         time.sleep(2.0)
+        if not dist.is_initialized():  # the group was destroyed: let its store go (a later run in this process has its own)
+            return
         try:
             asked = store.check([key])
         except Exception:  # the process group is gone: nothing to watch

@@ -69,9 +69,9 @@ def _fail_on_rank_one() -> int:
 
 
 def test_a_call_leaves_nothing_for_the_next(tmp_path: Path) -> None:
-    before = run_distributed(_observe)
-    pids = run_distributed(_change_everything, "x")
-    after = run_distributed(_observe)
+    before = run_distributed(_observe, fresh=False)
+    pids = run_distributed(_change_everything, "x", fresh=False)
+    after = run_distributed(_observe, fresh=False)
     assert [o["pid"] for o in after] == pids == [o["pid"] for o in before]  # the same processes served all three
     for rank, (first, second) in enumerate(zip(before, after, strict=True)):
         assert second == first, rank  # the second fresh start looks exactly like the first
@@ -80,8 +80,8 @@ def test_a_call_leaves_nothing_for_the_next(tmp_path: Path) -> None:
 
 
 def test_a_failed_call_reports_its_rank_and_the_pool_starts_anew() -> None:
-    pids = [o["pid"] for o in run_distributed(_observe)]
+    pids = [o["pid"] for o in run_distributed(_observe, fresh=False)]
     with pytest.raises(AssertionError, match="rank 1 failed:\nRuntimeError: rank 1 fails on purpose"):
-        run_distributed(_fail_on_rank_one)
-    again = [o["pid"] for o in run_distributed(_observe)]
+        run_distributed(_fail_on_rank_one, fresh=False)
+    again = [o["pid"] for o in run_distributed(_observe, fresh=False)]
     assert set(again).isdisjoint(pids)  # the failed call's processes were discarded

@@ -1,7 +1,8 @@
-"""Run a function in N real processes (gloo on CPU) with a short process-group timeout, paying for the processes once.
+"""Run a function in N real processes (gloo on CPU) with a short process-group timeout.
 
-``run_distributed(fn, *args, nprocs=2)`` sends ``fn`` to a pool of `nprocs` long-lived worker processes (one pool per
-size, per pytest process) and returns each rank's result. The workers are forked once from a fork server that
+``run_distributed(fn, *args, nprocs=2)`` runs ``fn`` on `nprocs` worker processes and returns each rank's result. By
+default each call gets processes of its own; with ``TEST_PROCESS_POOL=1`` (or ``fresh=False``) calls go to a pool of
+long-lived workers (one pool per size, per pytest process), which pays for the processes once. The workers are forked once from a fork server that
 imported torch before any computation (forking the test process itself is unsafe once it has run one: the CPU thread
 pools it started do not survive a fork, and a child's next matmul can hang forever), so a call costs no interpreter
 start, no ``import torch`` and no re-import of what an earlier call already imported (FSDP, DeepSpeed, transformers).
@@ -60,7 +61,7 @@ class _FreshStart:
 
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
-        self.argv, self.path = list(sys.argv), list(sys.path)
+        self.argv, self.path, self.excepthook = list(sys.argv), list(sys.path), sys.excepthook
         self.handlers = {s: signal.getsignal(s) for s in _SIGNALS}
         self.warning_filters = list(warnings.filters)
         self.root_handlers, self.root_level = list(logging.root.handlers), logging.root.level
@@ -100,7 +101,7 @@ class _FreshStart:
         os.environ.clear()
         os.environ.update(self.environ)
         os.chdir(self.cwd)
-        sys.argv[:], sys.path[:] = self.argv, self.path
+        sys.argv[:], sys.path[:], sys.excepthook = self.argv, self.path, self.excepthook
         for number, handler in self.handlers.items():
             if signal.getsignal(number) is not handler and handler is not None:
                 signal.signal(number, handler)
@@ -211,12 +212,15 @@ def _close_pools() -> None:
 
 
 def run_distributed(fn: Callable[..., Any], *args: Any, nprocs: int = 2, env: dict[str, str] | None = None, timeout: float = 240,
-                    fresh: bool = False) -> list[Any]:
+                    fresh: bool | None = None) -> list[Any]:
     """Run ``fn(*args)`` on `nprocs` ranks; return each rank's result, or raise with the failing ranks' tracebacks.
 
-    ``fresh=True`` runs the call in processes of its own, discarded afterwards (for a call that leaves its processes
-    unusable on purpose); otherwise the processes are the pool's, reused by the next call of the same size.
+    ``fresh=True`` runs the call in processes of its own, discarded afterwards; ``fresh=False`` in the pool's
+    processes, reused by the next call of the same size. The default is ``TEST_PROCESS_POOL`` (``1``: the pool;
+    unset: processes of its own, for every call until the pool's one unexplained hang is understood: docs/testing.md).
     """
+    if fresh is None:
+        fresh = os.environ.get("TEST_PROCESS_POOL") != "1"
     pool = _Pool(nprocs) if fresh else _POOLS.pop(nprocs, None) or _Pool(nprocs)
     healthy = False
     try:
