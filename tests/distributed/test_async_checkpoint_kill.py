@@ -1,7 +1,7 @@
 """``kill -9`` during an asynchronous save's background write, then resume: both faces, 1 and 2 processes, DDP and FSDP.
 
 The killed and the resumed run are real jobs (``python -m tests.distributed.test_async_checkpoint_kill``; ``torchrun``
-for several processes); the uninterrupted reference runs in the test pool's processes.
+for several processes); the uninterrupted reference runs through ``run_distributed``.
 A run saves at steps 3 and 6 (asynchronously) and trains to step 9 (also on a 2×2 mesh: FSDP × tensor parallel on 4
 processes). In the killed run, process 0 SIGKILLs itself
 while its background thread is writing the step-6 checkpoint (an object registered for checkpointing kills the
@@ -44,7 +44,7 @@ def _phase(root: Path, face: str, nproc: int, strategy: str, kill: bool) -> subp
 
 
 def _uninterrupted(root: Path, face: str, strategy: str) -> None:
-    """The run never killed, in a process of the test pool, with the threads ``torchrun`` gives each of several
+    """The run never killed, through ``run_distributed``, with the threads ``torchrun`` gives each of several
     processes (one), so its weights compare bit for bit with the resumed run's."""
     import torch
 

@@ -1,7 +1,7 @@
 """Resume after ``kill -9`` on 2 processes under the sharding strategies (FSDP, DeepSpeed ZeRO 2 and 3): a rank
 SIGKILLed mid-epoch, the job restarted with ``fit(ckpt_path="last")``, ends with the same weights, bit for bit,
 as a run never interrupted. The killed and the resumed run are real ``torchrun`` jobs (``python -m
-tests.distributed.test_sharded_resume_kill``); the uninterrupted reference runs in the test pool's processes.
+tests.distributed.test_sharded_resume_kill``); the uninterrupted reference runs through ``run_distributed``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ SHARD_FILES = {
 
 
 def _uninterrupted(root: Path, strategy: str) -> None:
-    """The run never killed, in the test pool's two processes, with the one thread ``torchrun`` gives each, so its
+    """The run never killed, on two ``run_distributed`` processes, with the one thread ``torchrun`` gives each, so its
     weights compare bit for bit with the resumed run's."""
     import torch
 
