@@ -37,16 +37,9 @@ def _no_process_group_left() -> Iterator[None]:
     """A one-process group a test's strategy joined in this process (DeepSpeed needs one) ends with the test, as it
     would with the script: the next test on this worker starts without one, whatever ran before it."""
     yield
-    import sys
+    from tests.helpers.multiprocess import end_process_group
 
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        deepspeed = sys.modules.get("deepspeed")
-        if deepspeed is not None and deepspeed.comm.is_initialized():
-            deepspeed.comm.destroy_process_group()  # (and lets go of DeepSpeed's handles of the groups)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    end_process_group()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -51,6 +51,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def end_process_group() -> None:
+    """Destroy this process's default process group if one is left, through DeepSpeed when it made handles of it
+    (its destroy lets them go, as `DeepSpeedStrategy.teardown` does)."""
+    import torch.distributed as dist
+
+    deepspeed = sys.modules.get("deepspeed")
+    if dist.is_available() and dist.is_initialized() and deepspeed is not None and deepspeed.comm.is_initialized():
+        deepspeed.comm.destroy_process_group()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 # ----------------------------------------------------------------------------------------------------- the worker
 class _FreshStart:
     """What a call may change in a worker process and the worker puts back after it."""
@@ -91,11 +103,7 @@ class _FreshStart:
         from trainer.state import AcceleratorState
 
         faulthandler.cancel_dump_traceback_later()
-        deepspeed = sys.modules.get("deepspeed")
-        if dist.is_initialized() and deepspeed is not None and deepspeed.comm.is_initialized():
-            deepspeed.comm.destroy_process_group()  # (and lets go of DeepSpeed's handles of the groups)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate's reset of the process's layout
         atexit._clear()  # a worker never exits normally: the call's exit handlers would only keep its objects alive
         os.environ.clear()
