@@ -255,6 +255,16 @@ def _exited(pid: int) -> bool:
         return False
 
 
+def _exits_within(pid: int, seconds: float) -> bool:
+    """Whether process `pid` ends within `seconds` (polled every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _exited(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _report_timeout(store: Any, rank: int, world_size: int, timeout: float, *, timed_out: bool = True) -> None:
     store.set(_KEY.format(kind="waiting", rank=rank), "1")
     time.sleep(min(5.0, max(1.0, timeout / 10)))  # the other waiting ranks time out at about the same moment
@@ -268,7 +278,8 @@ def _report_timeout(store: Any, rank: int, world_size: int, timeout: float, *, t
             remote.append(r)
             continue
         try:
-            if _exited(int(pid)):
+            # a peer that closed its connection is leaving: give its exit a moment (under load it takes seconds)
+            if _exited(int(pid)) or (not timed_out and _exits_within(int(pid), 10.0)):
                 raise ProcessLookupError(pid)
             os.kill(int(pid), _STACK_SIGNAL)
             alive.append(r)
