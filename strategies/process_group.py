@@ -331,6 +331,14 @@ def die_with_launcher() -> None:
 
 
 def leave_process_group(owned: bool) -> None:
-    """Destroy the default process group if `owned` (this strategy created it) and it still exists."""
+    """Destroy the default process group if `owned` (this strategy created it) and it still exists.
+
+    First it lets gloo's worker threads finish with the last collective's work (`wait_for_collective_threads`): a
+    model wrapper freed later in this process (a second run, a notebook, a sweep) frees the backend with it, whose
+    destructor joins those threads while holding the GIL; a worker still waiting for the GIL to release its finished
+    work's Python state then never gets it, and the process hangs (torch's ``~ProcessGroupGloo`` under
+    ``Reducer`` deallocation; a raw DDP run freed right after its last step, repeated in one process, hung so on its third run here).
+    """
     if owned and dist.is_initialized():
+        wait_for_collective_threads()
         dist.destroy_process_group()

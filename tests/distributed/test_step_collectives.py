@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.base import Callback
+from strategies.process_group import wait_for_collective_threads
 from tests.helpers.multiprocess import run_distributed
 from trainer import Accelerator, Trainer, TrainModule
 
@@ -101,6 +102,9 @@ def _raw(counter: Counter) -> None:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
     counter.on = False
+    # a raw script that frees its DDP model in the process (here: the test pool's worker runs the next test) must let
+    # gloo's workers finish the last all-reduce first, or freeing the reducer can deadlock (see leave_process_group)
+    wait_for_collective_threads()
     dist.destroy_process_group()
 
 

@@ -1,8 +1,8 @@
 """Run a function in N real processes (gloo on CPU) with a short process-group timeout.
 
 ``run_distributed(fn, *args, nprocs=2)`` runs ``fn`` on `nprocs` worker processes and returns each rank's result. By
-default each call gets processes of its own; with ``TEST_PROCESS_POOL=1`` (or ``fresh=False``) calls go to a pool of
-long-lived workers (one pool per size, per pytest process), which pays for the processes once. The workers are forked once from a fork server that
+default calls go to a pool of long-lived workers (one pool per size, per pytest process), which pays for the
+processes once; ``TEST_PROCESS_POOL=0`` (or ``fresh=True``) gives a call processes of its own. The workers are forked once from a fork server that
 imported torch before any computation (forking the test process itself is unsafe once it has run one: the CPU thread
 pools it started do not survive a fork, and a child's next matmul can hang forever), so a call costs no interpreter
 start, no ``import torch`` and no re-import of what an earlier call already imported (FSDP, DeepSpeed, transformers).
@@ -56,6 +56,10 @@ def end_process_group() -> None:
     (its destroy lets them go, as `DeepSpeedStrategy.teardown` does)."""
     import torch.distributed as dist
 
+    from strategies.process_group import wait_for_collective_threads
+
+    if dist.is_available() and dist.is_initialized():
+        wait_for_collective_threads()  # before anything frees the backend (see strategies.process_group.leave_process_group)
     deepspeed = sys.modules.get("deepspeed")
     if dist.is_available() and dist.is_initialized() and deepspeed is not None and deepspeed.comm.is_initialized():
         deepspeed.comm.destroy_process_group()
@@ -224,11 +228,11 @@ def run_distributed(fn: Callable[..., Any], *args: Any, nprocs: int = 2, env: di
     """Run ``fn(*args)`` on `nprocs` ranks; return each rank's result, or raise with the failing ranks' tracebacks.
 
     ``fresh=True`` runs the call in processes of its own, discarded afterwards; ``fresh=False`` in the pool's
-    processes, reused by the next call of the same size. The default is ``TEST_PROCESS_POOL`` (``1``: the pool;
-    unset: processes of its own, for every call until the pool's one unexplained hang is understood: docs/testing.md).
+    processes, reused by the next call of the same size. The default is the pool; ``TEST_PROCESS_POOL=0`` gives every
+    call processes of its own (to tell whether a failure comes from the reuse).
     """
     if fresh is None:
-        fresh = os.environ.get("TEST_PROCESS_POOL") != "1"
+        fresh = os.environ.get("TEST_PROCESS_POOL", "1") == "0"
     pool = _Pool(nprocs) if fresh else _POOLS.pop(nprocs, None) or _Pool(nprocs)
     healthy = False
     try:
