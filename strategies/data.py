@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch.utils.data._utils.collate import default_collate
 from strategies.collectives import broadcast_object
 from strategies.order import (
     SeedableRandomSampler,
+    adopt_order_generator,
     boundary_record,
     decode,
     encode,
@@ -301,6 +303,10 @@ class DataLoaderShard(DataLoader):
         Where the order is drawn from an RNG, ``"order"`` holds what the pass needs to be drawn again: mid-epoch, the
         states of the RNGs it was drawn from (the sampler's generator, or torch's global RNG) as the pass started; at
         the end of an epoch, the sampler's generator as it is (torch's global RNG is the checkpoint's to restore).
+
+        The position in global terms comes with it, so that a run on another number of processes takes its share from
+        there (`resharded_position`): ``"samples"`` (samples of the epoch's order consumed by all processes together),
+        ``"total_batch_size"`` (the samples of one step over all processes) and ``"num_processes"``.
         """
         progress = self._progress
         if progress.complete:
@@ -310,6 +316,9 @@ class DataLoaderShard(DataLoader):
         order = progress.record if state["batches_yielded"] else boundary_record(self._shard)
         if order:
             state["order"] = encode(order)
+        total = self.total_batch_size if self._shard is not None else None
+        if total is not None:
+            state.update(samples=state["batches_yielded"] * total, total_batch_size=total, num_processes=self._shard.num_processes)  # type: ignore[union-attr]
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -317,7 +326,12 @@ class DataLoaderShard(DataLoader):
 
         A pass resumed mid-epoch redraws the order it was interrupted in from the recorded RNG states, without
         drawing from the live RNGs (the checkpoint restored them as they were after the pass's draws); the
-        sampler's generator is left where the uninterrupted pass left it.
+        sampler's generator is left where the uninterrupted pass left it. A state taken on another number of
+        processes resumes at the same sample of the epoch's order (`resharded_position`).
+
+        Raises:
+            ValueError: ``state_dict`` is not what `state_dict` returned, or it was taken on another number of
+                processes with another global batch, or by a loader that cannot be resharded.
         """
         values = {}
         for key in ("epoch", "batches_yielded", "seed"):
@@ -328,7 +342,17 @@ class DataLoaderShard(DataLoader):
                     "(keys 'epoch', 'batches_yielded', 'seed', non-negative ints)"
                 )
             values[key] = value
+        values["batches_yielded"] = self.resharded_position(state_dict)
+        adopt_order_generator(self._shard, state_dict.get("order"))  # (a run of several processes continued on one)
         record = decode(state_dict.get("order"), self._shard)
+        if "global" in record and order_generator(self._shard) is not None:
+            warnings.warn(
+                "this loader's order was drawn from torch's global RNG by one process and is resumed on several, which draw it "
+                "from a generator they share: the interrupted epoch resumes on its own samples, the epochs after it are "
+                "drawn differently from an uninterrupted run. Accelerator(dataloader_config=DataLoaderConfiguration("
+                "use_seedable_sampler=True)) draws the same order on any number of processes",
+                stacklevel=2,
+            )
         self.seed = values["seed"]
         inner = getattr(getattr(self._shard, "batch_sampler", None), "sampler", None)
         if isinstance(inner, SeedableRandomSampler):
@@ -341,6 +365,40 @@ class DataLoaderShard(DataLoader):
             self._progress.record, self._progress.resume = {}, None
             if "generator" in record:
                 order_generator(self._shard).set_state(record["generator"])  # type: ignore[union-attr]
+
+    def resharded_position(self, state_dict: Mapping[str, Any]) -> int:
+        """The batches of this loader that ``state_dict`` (from `state_dict`, possibly of a run on another number of
+        processes) has consumed of its epoch: its samples consumed over this loader's global batch.
+
+        Step ``k`` of an epoch is samples ``[k * G, (k + 1) * G)`` of the epoch's order whatever the number of processes
+        (`strategies.sharding`), so a run resumed on N' processes sees exactly the samples the interrupted one would have
+        seen, provided the global batch ``G`` stays the same: each process then takes ``G / N'`` samples a step.
+
+        Raises:
+            ValueError: the global batch differs (the message gives the per-process batch size that keeps it), or the
+                loader deals a custom batch sampler's batches round-robin (their position depends on the process count).
+        """
+        batches: int = state_dict["batches_yielded"]
+        saved_total, saved_processes = state_dict.get("total_batch_size"), state_dict.get("num_processes")
+        shard, total = self._shard, self.total_batch_size
+        if saved_total is None or saved_processes is None or shard is None or total is None:
+            return batches  # (a state without the global position: written before it was recorded)
+        processes = shard.num_processes
+        if saved_total != total:
+            raise ValueError(_global_batch_message(int(saved_total), int(saved_processes), total, processes, shard.split_batches))
+        if saved_processes != processes and isinstance(shard, BatchSamplerShard) and not shard.arithmetic:
+            raise ValueError(
+                f"this loader's batch sampler ({type(shard.batch_sampler).__name__}) is dealt to the processes whole batch by "
+                f"whole batch, so a position taken on {saved_processes} processes cannot be taken on {processes}: resume on "
+                f"{saved_processes} processes, or use a torch.utils.data.BatchSampler over a sampler (sharded by samples)"
+            )
+        samples = state_dict.get("samples", batches * total)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0 or samples % total:
+            raise ValueError(
+                f"state_dict['samples']={samples!r} is not a whole number of steps of {total} samples; pass the dict returned "
+                "by DataLoaderShard.state_dict() unchanged"
+            )
+        return samples // total
 
     def __len__(self) -> int:
         """Batches the current pass yields on this process (a `skip_first_batches` view: the rest after the skip).
@@ -470,6 +528,19 @@ class DataLoaderShard(DataLoader):
         several = isinstance(shard, BatchSamplerShard) and shard.num_processes > 1
         if isinstance(shard, BatchSamplerShard) and hasattr(self.dataset, "set_epoch") and not (several and hasattr(targets[2], "set_epoch")):
             self.dataset.set_epoch(epoch)
+
+
+def _global_batch_message(saved: int, saved_processes: int, total: int, processes: int, split: bool) -> str:
+    """Why a loader position of another global batch is refused, and the batch size that keeps it."""
+    said = (f"the checkpoint's loader took {saved} samples a step over {saved_processes} processes, this one takes {total} "
+            f"over {processes}; resuming on the samples the interrupted run would have seen needs the same global batch. ")
+    if saved % processes:
+        fits = ", ".join(str(n) for n in range(1, saved + 1) if saved % n == 0)
+        return said + (f"{saved} samples cannot be dealt evenly to {processes} processes: run on a number of processes that "
+                       f"divides {saved} ({fits})")
+    if split:
+        return said + f"Give the DataLoader batch_size={saved} (split_batches=True splits it over the processes)"
+    return said + f"Give the DataLoader batch_size={saved // processes} ({saved} / {processes} processes)"
 
 
 _END = object()

@@ -21,7 +21,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from strategies.sharding import BatchSamplerShard
 
-__all__ = ["SeedableRandomSampler", "ordered", "random_sampler_indices"]
+__all__ = ["SeedableRandomSampler", "adopt_order_generator", "ordered", "random_sampler_indices"]
 
 Record = dict[str, torch.Tensor]  # {"generator": state} or {"global": state}: what a pass's order was drawn from
 
@@ -169,6 +169,19 @@ def boundary_record(shard: Any) -> Record:
     return {"generator": generator.get_state()} if generator is not None else {}
 
 
+def adopt_order_generator(shard: Any, order: Any) -> None:
+    """Give a sampler drawing from torch's global RNG the generator a saved pass drew from (``order`` holds one).
+
+    With several processes `ordered` gives a `RandomSampler` without a generator one, so a checkpoint of several
+    processes records the order's generator; resumed on one process, where the sampler has none, the sampler gets
+    one, and goes on drawing the order the interrupted run would have drawn (not one from the global RNG).
+    """
+    sampler = _inner_sampler(shard)
+    if (isinstance(order, Mapping) and "generator" in order and isinstance(sampler, RandomSampler)
+            and not _draws_nothing(sampler) and sampler.generator is None):
+        sampler.generator = torch.Generator()
+
+
 def encode(record: Record) -> dict[str, str]:
     """``record`` for JSON."""
     return {name: base64.b64encode(state.contiguous().numpy().tobytes()).decode("ascii") for name, state in record.items()}
@@ -214,6 +227,8 @@ def redraw(shard: BatchSamplerShard, record: Record, loader_generator: torch.Gen
     generator where that pass left it."""
     sampler = _inner_sampler(shard)
     generator = order_generator(shard)
+    # a pass one process drew from the global RNG, resumed on several, where `ordered` gave the sampler a generator
+    from_global = "global" in record and "generator" not in record and generator is not None
     with torch.random.fork_rng(devices=[]):
         if "global" in record:
             torch.set_rng_state(record["global"])
@@ -221,9 +236,15 @@ def redraw(shard: BatchSamplerShard, record: Record, loader_generator: torch.Gen
             generator.set_state(record["generator"])
         if loader_generator is None or loader_generator is generator:
             torch.empty((), dtype=torch.int64).random_(generator=loader_generator)
-        if shard.arithmetic:
-            return flat_index_tensor(sampler)
-        return [list(batch) for batch in shard.batch_sampler]
+        if from_global:
+            sampler.generator = None
+        try:
+            if shard.arithmetic:
+                return flat_index_tensor(sampler)
+            return [list(batch) for batch in shard.batch_sampler]
+        finally:
+            if from_global:
+                sampler.generator = generator
 
 
 def undraw_unreached(shard: Any, record: Record, loader_generator: torch.Generator | None, asked: int) -> None:

@@ -126,12 +126,25 @@ def test_saving_over_an_existing_checkpoint_replaces_it_atomically(tmp_path: Pat
     assert sorted(p.name for p in saved.parent.iterdir() if p.name.startswith(".")) == []
 
 
-def test_world_size_mismatch_is_refused(tmp_path: Path, saved: Path) -> None:
-    manifest = json.loads((saved / "manifest.json").read_text())
-    manifest["world_size"] = 2
-    (saved / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match="written by 2 processes but this run has 1"):
-        run_fit(tmp_path, 5, ckpt_path=str(saved))
+def test_another_global_batch_is_refused_before_anything_loads(tmp_path: Path, saved: Path) -> None:
+    """The loaders' positions are samples of the epoch's order: a run taking another number of samples a step could not
+    continue on the samples the interrupted one would have seen, so it is refused with the batch size that fits."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from tests.unit.test_checkpoint_resume import BATCH_SIZE, make_loader
+    from trainer.fit.trainer import Trainer
+
+    torch.manual_seed(5)
+    module = ResumeNet()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    loader = DataLoader(make_loader().dataset, batch_size=BATCH_SIZE + 1, shuffle=True)
+    trainer = Trainer(max_steps=5, log_with=None, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, project_dir=str(tmp_path / "other"))
+    with pytest.raises(ValueError, match=rf"took {BATCH_SIZE} samples a step over 1 processes, this one takes {BATCH_SIZE + 1} "
+                                         rf"over 1; .* batch_size={BATCH_SIZE} "):
+        trainer.fit(module, loader, ckpt_path=str(saved))
+    assert all(torch.equal(module.state_dict()[k], before[k]) for k in before)
 
 
 def test_unreadable_manifest_is_refused(saved: Path) -> None:

@@ -192,7 +192,7 @@ def test_state_dict_round_trip_mid_epoch(epoch, shuffle, process_index):
     for _ in range(2):
         next(it)
     state = json.loads(json.dumps(interrupted.state_dict()))
-    assert state == {"epoch": epoch, "batches_yielded": 2, "seed": 11}
+    assert state == {"epoch": epoch, "batches_yielded": 2, "seed": 11, "samples": 12, "total_batch_size": 6, "num_processes": 2}
 
     resumed = make()
     resumed.load_state_dict(state)
@@ -231,7 +231,7 @@ def test_state_at_the_last_batch_points_to_the_next_epoch():
     dl = prepare_data_loader(DataLoader(tensor_data(6), batch_size=2))
     for _ in dl:
         state = dl.state_dict()
-    assert state == {"epoch": 1, "batches_yielded": 0, "seed": 0}
+    assert state == {"epoch": 1, "batches_yielded": 0, "seed": 0, "samples": 0, "total_batch_size": 2, "num_processes": 1}
 
 
 def test_break_does_not_advance_the_epoch_and_set_epoch_drops_a_foreign_resume():

@@ -11,12 +11,16 @@ checkpoint untouched, and an incomplete one is never loaded.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
 
 from strategies import checkpoint_io as io
 from strategies import checkpoint_store as store
@@ -194,24 +198,24 @@ def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | No
     return found[-1]
 
 
-def _check_process_count(manifest: dict[str, Any], path: Path, world_size: int) -> None:
-    """Refuse a full-format checkpoint of another process count; say what changes for a sharded one."""
+def _check_process_count(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any]) -> None:
+    """Refuse, before anything is loaded, what this run cannot resume exactly: a DeepSpeed engine's partitions written by
+    another number of processes, or loader positions its loaders cannot take (another global batch)."""
+    path, world = reader.directory, accelerator.num_processes
     saved = manifest.get("world_size", manifest.get("num_processes"))
-    if saved is None or int(saved) == world_size:
-        return
-    if io.is_sharded(path):
-        warnings.warn(
-            f"checkpoint {str(path)!r} was written by {saved} processes and this run has {world_size}: the sharded weights "
-            "and optimizer states are resharded exactly, but the data order from here on differs from an uninterrupted run "
-            "(each process's loader position and RNG state belong to the old layout)",
-            stacklevel=4,
+    if saved is not None and int(saved) != world and (path / store.DEEPSPEED_DIR).is_dir():
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written by strategy='deepspeed' on {saved} processes and this run has {world}: "
+            "DeepSpeed's ZeRO partitions of the optimizer states are loaded here only on the number of processes that wrote "
+            f"them. Resume on {saved} processes, or start a new run from its weights (TrainModule.load_from_checkpoint(...), "
+            "or strategies.checkpoint_io.load_weights)"
         )
-        return
-    raise ValueError(
-        f"checkpoint {str(path)!r} was written by {saved} processes but this run has {world_size}; resuming needs the same "
-        "number of processes (per-rank RNG states and data positions). To start a new run from its weights use "
-        "TrainModule.load_from_checkpoint(...), or load model.safetensors with safetensors"
-    )
+    loaders = [loader for loader in accelerator._dataloaders if hasattr(loader, "resharded_position")]
+    if loaders and (path / store.DATALOADERS).exists():
+        positions = reader.read_json(store.DATALOADERS)
+        for loader, state in zip(loaders, positions.get("dataloaders", []) if isinstance(positions, dict) else []):
+            if isinstance(state, dict) and isinstance(state.get("batches_yielded"), int):
+                loader.resharded_position(state)  # (raises, naming the batch size that keeps the global batch)
 
 
 def load_state(
@@ -229,8 +233,12 @@ def load_state(
     files are checked against the manifest first; then each file's digest (unless ``verify=False``) in the same
     pass that reads it, before any of it is used (`strategies.checkpoint_io.CheckpointReader`), each process
     checking what it reads and the processes agreeing at the end. A damaged file stops the load there (on every
-    process), with what was read before it loaded. A checkpoint of another process count is refused, unless it
-    is sharded (then it is resharded, with a warning that the data order changes).
+    process), with what was read before it loaded.
+
+    A checkpoint of another number of processes resumes on the samples the interrupted run would have seen (the
+    loaders' positions are kept in samples of the epoch's order; sharded weights are resharded), provided each
+    loader's global batch stays the same; the RNG states of processes the checkpoint has none for are derived from
+    the saved ones (`derive_rng_state`). A DeepSpeed checkpoint of another process count is refused.
     """
     accelerator.checkpoints.wait()
     path = resolve_load_dir(accelerator, input_dir)
@@ -238,7 +246,7 @@ def load_state(
     reader = io.open_checkpoint(path, share=share, hashes=verify, what="load_state")  # (the same directory everywhere, too)
     manifest = reader.manifest
     store.check_resumable(path, manifest)
-    _check_process_count(manifest, path, accelerator.num_processes)
+    _check_process_count(accelerator, reader, manifest)
     models = _run_load_hooks(accelerator, path)
     for kind, have in (("models", models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
         if manifest.get(kind, len(have)) != len(have):
@@ -269,15 +277,37 @@ def _load_files(
         if part.kind == "json" and not isinstance(state, dict):
             raise io.CheckpointError(f"{path / part.file} is not a JSON object; the checkpoint was tampered with")
         part.obj.load_state_dict(state)
-    rng = path / store.rng_file(accelerator.process_index)
+    _restore_rng(accelerator, reader, manifest)
+
+
+def _restore_rng(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any]) -> None:
+    """This process's RNG states: its own, or for a process the checkpoint's run did not have, `derive_rng_state`."""
+    path, rank = reader.directory, accelerator.process_index
     saved_world = int(manifest.get("world_size", manifest.get("num_processes", accelerator.num_processes)))
-    if rng.exists():
-        reader.load_rng_state(rng.name)
-    elif accelerator.process_index < saved_world and manifest.get("rng_states", True):  # (a resharded checkpoint of fewer processes has none for the new ranks)
+    source = store.rng_file(rank if rank < saved_world else rank % saved_world)
+    if (path / source).exists():
+        reader.load_rng_state(source)
+        if rank >= saved_world:
+            derive_rng_state(rank)
+    elif manifest.get("rng_states", True):
         raise io.CheckpointError(
-            f"checkpoint {str(path)!r} has no {rng.name}: the RNG states of process {accelerator.process_index} are missing, "
+            f"checkpoint {str(path)!r} has no {source}: the RNG states of process {rank % saved_world} are missing, "
             "so the run would not continue as it would have; load an intact checkpoint"
         )
+
+
+def derive_rng_state(rank: int) -> None:
+    """Re-seed this process's generators (python, numpy, torch and CUDA) for process `rank` of a run with more processes
+    than the checkpoint's (W): called after the saved states of process ``rank % W`` were restored, it seeds each of
+    them with the first 63 bits of SHA-256(that torch CPU state, `rank`). Processes below W keep their own saved
+    streams bit for bit; a new process gets a stream of its own (not a copy of another's), the same on every resume
+    of the same checkpoint on the same number of processes.
+    """
+    digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes() + rank.to_bytes(8, "little")).digest()
+    seed = int.from_bytes(digest[:8], "little") >> 1
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # (CUDA's generators too)
 
 
 def _full_weights(accelerator: Accelerator) -> bool:

@@ -170,7 +170,8 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     ``predict``) only the model weights are loaded.
 
     Raises:
-        ValueError: the checkpoint is incomplete, tampered with, or was written by a run with another world size.
+        ValueError: the checkpoint is incomplete or tampered with, its loaders took another global batch, or it is a
+            DeepSpeed checkpoint of another number of processes.
     """
     directory = Path(path)
     accelerator = trainer.accelerator
