@@ -193,7 +193,7 @@ def test_resume_on_another_number_of_processes_sees_the_same_samples(tmp_path: P
               "DDP 2 -> 1": (from_two, two[0]["straight_dropping"]["weights"])}
     for name, (run, want_weights) in finals.items():
         assert run["step"] == TOTAL, name
-        assert _close(want_weights, run["weights"]) < 1e-5, name  # measured: below 3e-7
+        assert _close(want_weights, run["weights"]) < 1e-5, name  # measured: 1.2e-7 to 2.1e-7
     same = later[0]["same"]["weights"]
     assert [k for k in weights if not torch.equal(weights[k], same[k])] == [], "same-count resume is no longer bit for bit"
 

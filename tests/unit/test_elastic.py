@@ -1,0 +1,99 @@
+"""The pieces of a resume on another number of processes, in one process: loader positions in global terms, the
+refusals that name the fix, the order of a sampler's generator continued on one process, derived RNG streams."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+from strategies.data import prepare_data_loader
+from trainer.accelerator.state import derive_rng_state
+
+
+def _data(n: int = 40) -> TensorDataset:
+    return TensorDataset(torch.arange(n))
+
+
+def _steps(loaders: list, steps: int) -> list[list[int]]:
+    """The sorted sample indices of each of the next `steps` global steps, the processes' loaders read together."""
+    iterators = [iter(loader) for loader in loaders]
+    return [sorted(i for it in iterators for i in next(it)[0].tolist()) for _ in range(steps)]
+
+
+def _shards(processes: int, seed: int | None = 3, **kwargs: object) -> list:
+    """Each process's loader, built from the same global RNG state (as processes seeded alike build theirs)."""
+    loaders = []
+    for rank in range(processes):
+        torch.manual_seed(0)
+        loader = DataLoader(_data(), batch_size=12 // processes, shuffle=True, **kwargs)  # type: ignore[arg-type]
+        loaders.append(prepare_data_loader(loader, num_processes=processes, process_index=rank, seed=seed))
+    return loaders
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 3), (3, 2), (4, 1), (1, 4)])
+def test_a_position_taken_on_some_processes_resumes_on_others_at_the_same_sample(saved: int, resumed: int) -> None:
+    straight = _steps(_shards(saved, drop_last=True), 3)  # (one process pads no step: the last is dropped everywhere)
+    interrupted = _shards(saved, drop_last=True)
+    _steps(interrupted, 2)
+    state = json.loads(json.dumps(interrupted[0].state_dict()))
+    assert state["samples"] == 24 and state["total_batch_size"] == 12 and state["num_processes"] == saved
+    loaders = _shards(resumed, drop_last=True)
+    for loader in loaders:
+        loader.load_state_dict(state)
+    assert _steps(loaders, 1) == straight[2:]
+
+
+def test_another_global_batch_is_refused_with_the_batch_size_that_keeps_it() -> None:
+    state = _shards(2)[0].state_dict()
+    three = prepare_data_loader(DataLoader(_data(), batch_size=6, shuffle=True), num_processes=3, process_index=0, seed=3)
+    with pytest.raises(ValueError, match=r"took 12 samples a step over 2 processes, this one takes 18 over 3; .*batch_size=4 \(12 / 3"):
+        three.load_state_dict(state)
+    five = prepare_data_loader(DataLoader(_data(), batch_size=2, shuffle=True), num_processes=5, process_index=0, seed=3)
+    with pytest.raises(ValueError, match=r"12 samples cannot be dealt evenly to 5 processes: .*divides 12 \(1, 2, 3, 4, 6, 12\)"):
+        five.load_state_dict(state)
+    split = prepare_data_loader(DataLoader(_data(), batch_size=6, shuffle=True), num_processes=3, process_index=0, seed=3,
+                                split_batches=True)
+    with pytest.raises(ValueError, match=r"batch_size=12 \(split_batches=True"):
+        split.load_state_dict(state)
+
+
+def test_a_custom_batch_sampler_position_is_refused_on_another_number_of_processes() -> None:
+    class Batches(BatchSampler):  # a subclass: dealt whole batch by whole batch
+        pass
+
+    def loader(processes: int) -> object:
+        batches = Batches(RandomSampler(_data()), batch_size=12 // processes, drop_last=False)
+        return prepare_data_loader(DataLoader(_data(), batch_sampler=batches), num_processes=processes, process_index=0)
+
+    state = loader(2).state_dict()  # type: ignore[attr-defined]
+    loader(2).load_state_dict(state)  # type: ignore[attr-defined]  (the same number: fine)
+    with pytest.raises(ValueError, match=r"Batches\) is dealt to the processes whole batch by whole batch.*resume on 2 processes"):
+        loader(3).load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def test_an_order_drawn_from_the_shared_generator_continues_on_one_process() -> None:
+    """Without a seed, several processes draw the order from a generator of the sampler's (`ordered`); one process
+    resumed from their state goes on drawing from it, through the epochs after the interrupted one too."""
+    straight = _shards(2, seed=None, drop_last=True)
+    reference = _steps(straight, 3) + _steps(straight, 3)  # two epochs of three steps
+    assert all(len(set(step)) == 12 for step in reference)
+    interrupted = _shards(2, seed=None, drop_last=True)
+    _steps(interrupted, 2)
+    one = prepare_data_loader(DataLoader(_data(), batch_size=12, shuffle=True, drop_last=True), seed=None)
+    one.load_state_dict(json.loads(json.dumps(interrupted[0].state_dict())))
+    assert _steps([one], 1) + _steps([one], 3) == reference[2:]
+
+
+def test_new_processes_get_rng_streams_of_their_own_the_same_on_every_resume() -> None:
+    def draws(rank: int) -> tuple[float, float, float]:
+        torch.manual_seed(7), random.seed(7), np.random.seed(7)  # (the restored states of process rank % W)
+        derive_rng_state(rank)
+        return float(torch.rand(())), random.random(), float(np.random.rand())
+
+    assert draws(3) == draws(3)
+    assert len({draws(rank)[i] for rank in (2, 3, 4) for i in range(3)}) == 9
