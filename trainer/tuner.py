@@ -1,6 +1,7 @@
 """Lightning's ``lightning.pytorch.tuner`` under the rename: ``from trainer.tuner import Tuner``.
 
-The tuners live in `trainer.fit.tuner` (`Tuner`), `trainer.fit.lr_finder` and `trainer.fit.batch_size_scaling`;
+The tuners live in `trainer.fit.tuner` (`Tuner`), `trainer.fit.lr_finder` and `trainer.fit.batch_size_scaling`
+(the run plumbing they share in `trainer.fit.search`);
 their callbacks are `callbacks.LearningRateFinder` and `callbacks.BatchSizeFinder`.
 """
 

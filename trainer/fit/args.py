@@ -19,7 +19,7 @@ from strategies.environment import detect_environment
 from trainer.accelerator import Accelerator
 from trainer.accelerator.config import DataLoaderConfiguration, TorchDynamoPlugin
 from trainer.fit.plugins import check_plugins
-from trainer.fit.profiler import Profiler
+from trainer.fit.profiler import AdvancedProfiler, Profiler, SimpleProfiler
 from trainer.launchers import can_rerun_current_script, launch_current_script
 
 
@@ -205,6 +205,22 @@ _ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 _PROFILERS = (None, "simple", "advanced", "pytorch")
 
 
+def build_profiler(value: str | Profiler | None) -> Profiler | None:
+    """``Trainer(profiler=...)``: None, a `Profiler`, or ``"simple"``/``"advanced"``/``"pytorch"`` (default settings)."""
+    if value is None or isinstance(value, Profiler):
+        return value
+    if value == "simple":
+        return SimpleProfiler()
+    if value == "advanced":
+        return AdvancedProfiler()
+    if value == "pytorch":
+        from trainer.fit.torch_profiler import PyTorchProfiler  # lazy: its module reads torch.profiler, only for profiler="pytorch"
+
+        return PyTorchProfiler()
+    raise ValueError(f"profiler={value!r} is not supported; choose one of None, 'simple', 'advanced', 'pytorch', or pass a "
+                     "SimpleProfiler/AdvancedProfiler/PyTorchProfiler object")
+
+
 def _accumulation(value: Any, callbacks: tuple[Callback, ...]) -> tuple[tuple[Callback, ...], int]:
     """``accumulate_grad_batches``: an int >= 1, or ``{epoch: batches per step}``, which becomes a
     `GradientAccumulationScheduler` among the callbacks (the Trainer's own factor then stays 1)."""
@@ -309,7 +325,11 @@ def _overfit_batches(kw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_num_nodes(num_nodes: int) -> None:
-    """Lightning's ``num_nodes`` (machines): here the launcher sets the layout, so it must agree with what was launched."""
+    """Lightning's ``num_nodes`` (machines): here the launcher sets the layout, so a count other than the default 1 must agree
+    with what was launched. The default takes the launcher's, whatever it is: a job that TorchElastic restarts on fewer
+    (or more) machines goes on with the same script (docs/elastic.md)."""
+    if num_nodes == 1:
+        return
     cluster = detect_environment()
     nodes = max(1, cluster.world_size // max(1, cluster.local_world_size))
     if num_nodes != nodes:

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.base import overrides
-from trainer.fit import loops, tuner
+from trainer.fit import loops
+from trainer.fit.dispatch import HookDispatcher
 from trainer.fit.lr_finder import get_attr, has_attr, set_attr
 from trainer.fit.module import TrainModule
+from trainer.fit.search import run_training, state_kept
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
@@ -90,9 +92,9 @@ class _Search:
         trainer = self.trainer
         trainer.fit_progress.reset()
         if self.stage == "fit":
-            tuner.run_training(trainer, [], max_steps=self.steps_per_trial, val_loaders=self.val_loaders)
+            run_training(trainer, [], max_steps=self.steps_per_trial, val_loaders=self.val_loaders)
         else:
-            trainer._dispatch = tuner.HookDispatcher(self.module, TrainModule, [], trainer)
+            trainer._dispatch = HookDispatcher(self.module, TrainModule, [], trainer)
             loops.eval_loop(trainer, self.stage, self.eval_loaders, [self.steps_per_trial] * len(self.eval_loaders), keep_predictions=False)
 
     def fits(self) -> bool:
@@ -138,7 +140,7 @@ def scale_batch_size(
         return None
     _check(trainer, module, stage, batch_arg_name)
     search = _Search(trainer, module, "validation" if stage == "validate" else stage, steps_per_trial, batch_arg_name)
-    with tuner.state_kept(trainer, "scale_batch_size"):
+    with state_kept(trainer, "scale_batch_size"):
         max_steps = trainer.max_steps
         size, _ = search.adjust(value=init_val)
         size = _power(search, size, max_trials, max_val) if mode == "power" else _binsearch(search, size, max_trials, margin, max_val)

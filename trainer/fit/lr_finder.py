@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from callbacks.base import Callback
 from trainer.fit.module import LRSchedulerConfig
+from trainer.fit.search import run_training, state_kept
 
 if TYPE_CHECKING:
     from trainer.fit.trainer import Trainer
@@ -230,8 +231,6 @@ def lr_find(
     With `update_attr` the suggestion is written to the module's lr attribute and to the optimizer's param groups
     after the restore, so the training that follows uses it (Lightning 2.6).
     """
-    from trainer.fit import tuner  # lazy: import cycle (the tuner's run plumbing imports this module)
-
     if trainer._args.fast_dev_run:
         log.warning("Skipping learning rate finder since `fast_dev_run` is enabled.")
         return None
@@ -251,7 +250,7 @@ def lr_find(
     finder = LRFinder(mode, min_lr, max_lr, num_training)
     optimizer = trainer.optimizers[0]
     inner = getattr(optimizer, "optimizer", optimizer)
-    with tuner.state_kept(trainer, "lr_find") as saved:
+    with state_kept(trainer, "lr_find") as saved:
         start = trainer.global_step
         for group in inner.param_groups:
             group["lr"] = min_lr
@@ -259,7 +258,7 @@ def lr_find(
         schedule = _RangeSchedule(inner, max_lr, num_training, exponential=mode == "exponential")
         recorder = _LRCallback(schedule, early_stop_threshold)
         trainer.lr_scheduler_configs = [LRSchedulerConfig(scheduler=schedule, interval="step")]
-        tuner.run_training(trainer, [recorder], max_steps=start + num_training, val_loaders=None)
+        run_training(trainer, [recorder], max_steps=start + num_training, val_loaders=None)
         if trainer.global_step != start + num_training:
             log.info(f"LR finder stopped early after {trainer.global_step} steps due to diverging loss.")
         results = {"lr": recorder.lrs, "loss": recorder.losses}

@@ -225,22 +225,6 @@ class AdvancedProfiler(Profiler):
         self.profiled_actions = {}
 
 
-def build_profiler(value: str | Profiler | None) -> Profiler | None:
-    """``Trainer(profiler=...)``: None, a `Profiler`, or ``"simple"``/``"advanced"``/``"pytorch"`` (default settings)."""
-    if value is None or isinstance(value, Profiler):
-        return value
-    if value == "simple":
-        return SimpleProfiler()
-    if value == "advanced":
-        return AdvancedProfiler()
-    if value == "pytorch":
-        from trainer.fit.torch_profiler import PyTorchProfiler  # lazy: its module reads torch.profiler, only for profiler="pytorch"
-
-        return PyTorchProfiler()
-    raise ValueError(f"profiler={value!r} is not supported; choose one of None, 'simple', 'advanced', 'pytorch', or pass a "
-                     "SimpleProfiler/AdvancedProfiler/PyTorchProfiler object")
-
-
 def profile(trainer: Any, action: str) -> Any:
     """A context timing `action` when ``trainer.profiler`` is on; a shared no-op context otherwise."""
     profiler = trainer.profiler

@@ -32,7 +32,7 @@ from strategies.checkpoint_store import CheckpointSaveError, CheckpointStore
 from strategies.compile import recompile_with, unwrap_compiled
 from trainer.fit import loops, preemption
 from trainer.fit.agreement import LoopAgreement
-from trainer.fit.args import TrainerArgs, build_accelerator, check_arguments, default_callbacks, launch_processes
+from trainer.fit.args import TrainerArgs, build_accelerator, build_profiler, check_arguments, default_callbacks, launch_processes
 from trainer.fit.checkpointing import (
     check_weights_only,
     resolve_ckpt_path,
@@ -43,13 +43,14 @@ from trainer.fit.checkpointing import (
 )
 from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.dispatch import HookDispatcher, order_callbacks, with_module_callbacks
+from trainer.fit.finders import run_finder
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.plugins import apply_precision_plugin
-from trainer.fit.profiler import ProfiledDispatcher, Profiler, build_profiler, profile
+from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
 from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
+from trainer.fit.search import TunerExit
 from trainer.fit.transfer import moves_batches_itself
-from trainer.fit.tuner import TunerExit, run_finder
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -110,7 +111,8 @@ class Trainer:
         on_nonfinite: what a NaN/inf training loss does (automatic optimization): None (nothing is checked),
             ``"skip"`` (every process skips that batch: no backward, no step; counted in ``trainer.nonfinite_skipped``)
             or ``"stop"`` (every process raises `FloatingPointError` naming the step and the first non-finite parameter).
-        num_nodes: Lightning's machine count. The launcher sets the layout; this must agree with it (an error otherwise).
+        num_nodes: Lightning's machine count. The launcher sets the layout: the default 1 takes its count, whatever it is
+            (an elastic job restarted on fewer machines goes on); another count must agree with it (an error otherwise).
         overfit_batches: train on the first N batches (int) or fraction (float) of the train loader every epoch, in
             order (a shuffling loader is read unshuffled, with a warning), and validate on as many validation batches.
         sync_batchnorm: convert ``BatchNorm*d`` layers to ``SyncBatchNorm`` before the module is wrapped (several
@@ -838,7 +840,7 @@ class Trainer:
             self._configure_model(module)
             try:
                 result = body()
-            except TunerExit:  # a Tuner's search ran in the run's start hook, and the run ends there (trainer.fit.tuner)
+            except TunerExit:  # a Tuner's search ran in the run's start hook, and the run ends there (trainer.fit.search)
                 result = None
             self.accelerator.checkpoints.wait()  # a checkpoint written in the background is committed before we return
         except BaseException as err:
@@ -920,7 +922,7 @@ class Trainer:
 
     def run_tuner(self, finder: Callback, module: TrainModule) -> Any:
         """Run the search of a `LearningRateFinder` or `BatchSizeFinder` (called from its hook) on this run's loops,
-        putting the run back as it was afterwards; returns what it found (see `trainer.fit.tuner`)."""
+        putting the run back as it was afterwards; returns what it found (see `trainer.fit.search`)."""
         return run_finder(self, finder, module)
 
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -1,5 +1,4 @@
-"""Lightning's tuners on the `Trainer`: `Tuner` (``lr_find``, ``scale_batch_size``) and the run plumbing the
-`LearningRateFinder`/`BatchSizeFinder` callbacks reach through ``trainer.run_tuner``.
+"""Lightning's tuners on the `Trainer`: `Tuner` (``lr_find``, ``scale_batch_size``).
 
     tuner = Tuner(trainer)                   # (``from trainer.tuner import Tuner``: Lightning's path, renamed)
     lr_finder = tuner.lr_find(module, datamodule=dm)      # runs trainer.fit with a LearningRateFinder in front;
@@ -7,48 +6,28 @@
     tuner.scale_batch_size(module, datamodule=dm)         # the same with a BatchSizeFinder
     trainer.fit(module, datamodule=dm)                    # the real run, on the same Trainer
 
-A search runs inside the run it tunes, from the callback's start hook (``on_fit_start``, ...), on the Trainer's own
-loops (`trainer.fit.loops`), as Lightning's does: the run's state is saved to a hidden checkpoint under
-``project_dir`` first (weights, optimizers, schedulers, loop position, loader positions, RNG states), the search
-trains with only its own callback (no trackers, checkpoints or progress bar), and the checkpoint is restored after
-it, so the run continues (or a later ``fit`` starts) exactly as if no search had run, except for what the search
-sets on purpose (the lr, the batch size). Through the `Tuner` the search then ends the run (`TunerExit`).
+The search runs inside the run it tunes and puts the run back as it was (`trainer.fit.search`); through the `Tuner`
+it then ends that run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import shutil
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from trainer.fit import loops
-from trainer.fit.checkpointing import restore_checkpoint, save_checkpoint
-from trainer.fit.dispatch import HookDispatcher
 from trainer.fit.module import TrainModule
+from trainer.fit.trainer import Trainer
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
     from trainer.fit.lr_finder import LRFinder
-    from trainer.fit.trainer import Trainer
 
 METHODS = ("fit", "validate", "test", "predict")
-
-
-class TunerExit(Exception):
-    """Raised by a search started from the `Tuner`: the run it ran in ends there (`Trainer` returns normally)."""
 
 
 class Tuner:
     """Lightning's ``Tuner``: finds a learning rate or a batch size by running `trainer`'s own fit."""
 
     def __init__(self, trainer: Trainer) -> None:
-        from trainer.fit.trainer import Trainer  # lazy: import cycle (the Trainer imports this module's TunerExit)
-
         if not isinstance(trainer, Trainer):
             raise TypeError(f"Tuner(trainer) needs a trainer.Trainer, got {type(trainer).__name__}")
         self._trainer = trainer
@@ -119,82 +98,3 @@ def _check_configuration(train_dataloaders: Any, val_dataloaders: Any, dataloade
         raise ValueError("with method='fit' pass train_dataloaders= and val_dataloaders=, not dataloaders=")
     if method != "fit" and (train_dataloaders is not None or val_dataloaders is not None):
         raise ValueError(f"with method={method!r} pass dataloaders=, not train_dataloaders=/val_dataloaders=")
-
-
-def run_finder(trainer: Trainer, finder: Any, module: TrainModule) -> Any:
-    """``trainer.run_tuner(finder, module)``: the search a `LearningRateFinder`/`BatchSizeFinder` asks for, with its
-    settings; raises `TunerExit` after it when the `Tuner` started it."""
-    # lazy: the finders load only when one runs
-    from callbacks.batch_size_finder import BatchSizeFinder
-    from callbacks.lr_finder import LearningRateFinder
-
-    if isinstance(finder, LearningRateFinder):
-        from trainer.fit.lr_finder import lr_find  # lazy: import cycle (it reads this module's run plumbing)
-
-        result: Any = lr_find(
-            trainer, module, min_lr=finder._min_lr, max_lr=finder._max_lr, num_training=finder._num_training_steps,
-            mode=finder._mode, early_stop_threshold=finder._early_stop_threshold, update_attr=finder._update_attr,
-            attr_name=finder._attr_name,
-        )
-    elif isinstance(finder, BatchSizeFinder):
-        from trainer.fit.batch_size_scaling import scale_batch_size  # lazy: import cycle (it reads this module's run plumbing)
-
-        result = scale_batch_size(
-            trainer, module, mode=finder._mode, steps_per_trial=finder._steps_per_trial, init_val=finder._init_val,
-            max_trials=finder._max_trials, batch_arg_name=finder._batch_arg_name, margin=finder._margin, max_val=finder._max_val,
-        )
-    else:
-        raise TypeError(f"trainer.run_tuner() runs a LearningRateFinder or a BatchSizeFinder, got {type(finder).__name__}")
-    if getattr(finder, "_early_exit", False):
-        if isinstance(finder, LearningRateFinder):
-            finder.optimal_lr = result
-        else:
-            finder.optimal_batch_size = result
-        raise TunerExit
-    return result
-
-
-@contextlib.contextmanager
-def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
-    """Save the run's state to a hidden checkpoint under ``project_dir``, and after the block restore it and the
-    Trainer's settings a search changes (callbacks, schedulers, ``max_steps``, the metrics shown), then delete it."""
-    acc = trainer.accelerator
-    path = str(Path(trainer.project_dir).absolute() / f".{name}_{uuid.uuid4().hex}")
-    if trainer.world_size > 1:
-        path = acc.broadcast_object(path)
-    save_checkpoint(trainer, path)
-    metrics = [trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics]
-    saved = SimpleNamespace(
-        callbacks=trainer.callbacks, dispatch=trainer._dispatch, configs=trainer.lr_scheduler_configs,
-        max_steps=trainer.max_steps, training=trainer.training, metrics=[dict(m) for m in metrics], batch_idx=0,
-        args=trainer._args, warned=(trainer._warned_skip, trainer._warned_nonfinite, trainer.nonfinite_skipped),
-    )
-    # a search drives the loss to diverge on purpose: no on_nonfinite policy stops it (its suggestion skips such points)
-    trainer._args = dataclasses.replace(trainer._args, on_nonfinite=None)
-    trainer._warned_nonfinite = True  # (nor is it warned about)
-    try:
-        yield saved
-    finally:
-        trainer.callbacks, trainer._dispatch, trainer._args = saved.callbacks, saved.dispatch, saved.args
-        trainer.lr_scheduler_configs, trainer.max_steps, trainer.training = saved.configs, saved.max_steps, saved.training
-        trainer._warned_skip, trainer._warned_nonfinite, trainer.nonfinite_skipped = saved.warned
-        trainer.should_stop = False
-        for target, values in zip(metrics, saved.metrics):
-            target.clear()
-            target.update(values)
-        try:
-            restore_checkpoint(trainer, path)
-        finally:
-            acc.wait_for_everyone()
-            if acc.is_main_process:
-                shutil.rmtree(path, ignore_errors=True)
-
-
-def run_training(trainer: Trainer, callbacks: list[Callback], *, max_steps: int, val_loaders: list[Any] | None) -> None:
-    """Train from the current position until `max_steps` (or a stop, or ``max_epochs``) with only `callbacks`."""
-    trainer.callbacks = list(callbacks)
-    trainer._dispatch = HookDispatcher(trainer.attached_module, TrainModule, trainer.callbacks, trainer)
-    trainer.max_steps = max_steps
-    trainer.training, trainer.should_stop = True, False
-    while not loops.fit_done(trainer):
-        loops.train_epoch(trainer, val_loaders)
