@@ -97,3 +97,43 @@ def test_new_processes_get_rng_streams_of_their_own_the_same_on_every_resume() -
 
     assert draws(3) == draws(3)
     assert len({draws(rank)[i] for rank in (2, 3, 4) for i in range(3)}) == 9
+
+
+# ----------------------------------------------------------------------------------------------- `trainer launch`
+def test_launch_passes_torchruns_elastic_settings() -> None:
+    from trainer.cli.config import LaunchSettings
+    from trainer.cli.launch import torchrun_arguments
+
+    settings = LaunchSettings(num_processes=4, num_machines=2, min_machines=1, max_machines=2, rdzv_backend="c10d",
+                              main_process_port=29400, max_restarts=3, monitor_interval=0.5, rdzv_conf="last_call_timeout=5",
+                              rdzv_join_timeout=30)
+    args = torchrun_arguments(settings, "train.py", ["--lr", "1"])
+    flags = dict(zip(args[:-3:2], args[1:-3:2]))
+    assert flags == {"--nnodes": "1:2", "--nproc-per-node": "2", "--max-restarts": "3", "--monitor-interval": "0.5",
+                     "--rdzv-backend": "c10d", "--rdzv-endpoint": "127.0.0.1:29400", "--rdzv-id": "trainwright",
+                     "--rdzv-conf": "join_timeout=30,last_call_timeout=5"}
+    assert args[-3:] == ["train.py", "--lr", "1"]
+    plain = dict(zip(*[iter(torchrun_arguments(LaunchSettings(num_processes=2), "t.py", [])[:-1])] * 2))
+    assert plain["--nnodes"] == "1" and plain["--monitor-interval"] == "0.1"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"num_machines": 2, "min_machines": 1, "max_machines": 2}, r"need a rendezvous that machines can leave and join: pass --rdzv_backend c10d"),
+    ({"num_machines": 2, "min_machines": 3, "rdzv_backend": "c10d"}, r"give min_machines <= num_machines <= max_machines"),
+    ({"monitor_interval": 0}, r"monitor_interval=0 must be a number of seconds > 0"),
+    ({"rdzv_conf": "last_call_timeout"}, r"rdzv_conf='last_call_timeout' must be key=value pairs"),
+    ({"rdzv_conf": "join_timeout=5"}, r"pass it as --rdzv_join_timeout"),
+])
+def test_bad_elastic_settings_are_refused_naming_the_fix(changes: dict, message: str) -> None:
+    from trainer.cli.config import LaunchSettings
+
+    with pytest.raises(ValueError, match=message):
+        LaunchSettings(**changes)
+
+
+def test_a_job_that_may_grow_from_one_machine_needs_a_known_port() -> None:
+    from trainer.cli.config import LaunchSettings
+    from trainer.cli.launch import torchrun_arguments
+
+    with pytest.raises(ValueError, match=r"max_machines=2: .* pass --main_process_port"):
+        torchrun_arguments(LaunchSettings(max_machines=2, rdzv_backend="c10d"), "t.py", [])

@@ -60,6 +60,15 @@ class LaunchSettings:
         rdzv_backend: torchrun rendezvous backend: ``static``, ``c10d``, ``etcd`` or ``etcd-v2``.
         rdzv_join_timeout: seconds to wait for every machine to join before failing.
         max_restarts: times torchrun restarts the worker group after a failure.
+        min_machines: elastic training: the fewest machines the job runs on (``None``: ``num_machines``). With
+            ``max_machines`` it becomes torchrun's ``--nnodes MIN:MAX``; it needs a ``c10d`` or ``etcd`` rendezvous.
+            After a machine is lost, torchrun restarts the survivors (``max_restarts``) once at least this many
+            machines joined again; ``fit(ckpt_path="last")`` or ``load_state`` then resumes on the new number of
+            processes (docs/elastic.md).
+        max_machines: elastic training: the most machines the job runs on (``None``: ``num_machines``).
+        monitor_interval: seconds between the elastic agent's looks at its workers (Accelerate's ``--monitor_interval``).
+        rdzv_conf: more rendezvous settings for torchrun's ``--rdzv-conf``, ``key=value`` pairs separated by commas
+            (Accelerate's ``--rdzv_conf``), e.g. ``last_call_timeout=10``; the join timeout is ``rdzv_join_timeout``.
         mixed_precision: ``no``, ``fp16``, ``bf16``, or true precision ``bf16-true``, ``fp16-true``, ``fp64-true``.
         strategy: strategy name (``auto``, ``single``, ``ddp``, ...).
         cpu: run on CPU even where GPUs exist.
@@ -83,6 +92,10 @@ class LaunchSettings:
     rdzv_backend: str = "static"
     rdzv_join_timeout: int = 600
     max_restarts: int = 0
+    min_machines: int | None = None
+    max_machines: int | None = None
+    monitor_interval: float = 0.1
+    rdzv_conf: str | None = None
     mixed_precision: str = "no"
     strategy: str = "auto"
     cpu: bool = False
@@ -104,6 +117,9 @@ class LaunchSettings:
         _check_int(self, "main_process_port", minimum=0, optional=True)
         _check_int(self, "rdzv_join_timeout", minimum=1)
         _check_int(self, "max_restarts", minimum=0)
+        _check_int(self, "min_machines", minimum=1, optional=True)
+        _check_int(self, "max_machines", minimum=1, optional=True)
+        self._check_elastic()
         _check_int(self, "gradient_accumulation_steps", minimum=1)
         if self.machine_rank >= self.num_machines:
             raise ValueError(
@@ -147,6 +163,33 @@ class LaunchSettings:
                 )
             if self.process_group_timeout <= 0:
                 raise ValueError(f"process_group_timeout={self.process_group_timeout!r} must be positive, e.g. 300")
+
+    def machine_range(self) -> tuple[int, int]:
+        """``(fewest, most)`` machines the job runs on (both ``num_machines`` unless elastic)."""
+        return (self.min_machines or self.num_machines, self.max_machines or self.num_machines)
+
+    def _check_elastic(self) -> None:
+        low, high = self.machine_range()
+        if not low <= self.num_machines <= high:
+            raise ValueError(
+                f"min_machines={low}, num_machines={self.num_machines}, max_machines={high}: the job starts on num_machines "
+                "machines and may shrink to min_machines or grow to max_machines; give min_machines <= num_machines <= max_machines"
+            )
+        if low != high and self.rdzv_backend == "static":
+            raise ValueError(
+                f"min_machines={low} and max_machines={high} (elastic) need a rendezvous that machines can leave and join: "
+                "pass --rdzv_backend c10d (or etcd), not static"
+            )
+        interval = self.monitor_interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < float("inf"):
+            raise ValueError(f"monitor_interval={interval!r} must be a number of seconds > 0, e.g. 0.1")
+        if self.rdzv_conf is not None:
+            pairs = [pair.partition("=") for pair in str(self.rdzv_conf).split(",") if pair.strip()]
+            bad = [key + sep + value for key, sep, value in pairs if not (key.strip() and sep and value.strip())]
+            if not isinstance(self.rdzv_conf, str) or bad:
+                raise ValueError(f"rdzv_conf={self.rdzv_conf!r} must be key=value pairs separated by commas, e.g. 'last_call_timeout=10'")
+            if any(key.strip() in ("join_timeout", "timeout") for key, _, _ in pairs):
+                raise ValueError(f"rdzv_conf={self.rdzv_conf!r} sets the join timeout; pass it as --rdzv_join_timeout instead")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a plain dict, in field order (what the config file holds)."""
@@ -334,6 +377,10 @@ def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdzv_join_timeout", type=int, help="seconds to wait for all machines to join (default 600)"
     )
     group.add_argument("--max_restarts", type=int, help="restarts of the worker group after a failure (default 0)")
+    group.add_argument("--min_machines", type=int, help="elastic: the fewest machines the job goes on with (default num_machines)")
+    group.add_argument("--max_machines", type=int, help="elastic: the most machines the job takes (default num_machines)")
+    group.add_argument("--monitor_interval", type=float, help="seconds between the agent's looks at its workers (default 0.1)")
+    group.add_argument("--rdzv_conf", help="more rendezvous settings, key=value pairs separated by commas")
     group.add_argument("--mixed_precision", help="no, fp16, bf16, or true precision bf16-true, fp16-true, fp64-true")
     group.add_argument("--strategy", help="strategy name: auto, single, ddp, ...")
     group.add_argument("--cpu", action="store_const", const=True, default=None, help="run on CPU even with GPUs")

@@ -75,18 +75,25 @@ def total_processes(settings: LaunchSettings) -> int:
 def rendezvous_arguments(settings: LaunchSettings) -> list[str]:
     """torchrun's rendezvous flags for ``settings``.
 
-    One machine without a port: a c10d store on a free loopback port (like ``torchrun --standalone``).
-    Otherwise ``static`` (``--master-addr/--master-port/--node-rank``) or c10d/etcd at ``ip:port``; the join
-    timeout is ``rdzv_join_timeout`` either way.
+    One machine without a port (and no more to come): a c10d store on a free loopback port (like ``torchrun
+    --standalone``). Otherwise ``static`` (``--master-addr/--master-port/--node-rank``) or c10d/etcd at ``ip:port``; the join
+    timeout is ``rdzv_join_timeout`` either way, followed by ``rdzv_conf``.
     """
     port = settings.main_process_port
     ip = settings.main_process_ip or "127.0.0.1"
-    if settings.num_machines == 1 and not port:
+    extra = [settings.rdzv_conf] if settings.rdzv_conf else []
+    high = settings.machine_range()[1]
+    if high > 1 and settings.num_machines == 1 and not port:
+        raise ValueError(
+            f"max_machines={high}: the machines that join later find this one's rendezvous at a known port; pass "
+            f"--main_process_port (e.g. {DEFAULT_MULTI_NODE_PORT}) and --main_process_ip"
+        )
+    if high == 1 and not port:
         return [
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "127.0.0.1:0",
             "--rdzv-id", uuid.uuid4().hex,
-            "--rdzv-conf", f"join_timeout={settings.rdzv_join_timeout}",
+            "--rdzv-conf", ",".join([f"join_timeout={settings.rdzv_join_timeout}", *extra]),
         ]  # fmt: skip
     if port == 0:
         raise ValueError(
@@ -100,13 +107,13 @@ def rendezvous_arguments(settings: LaunchSettings) -> list[str]:
             "--master-addr", ip,
             "--master-port", str(port),
             "--node-rank", str(settings.machine_rank),
-            "--rdzv-conf", f"timeout={settings.rdzv_join_timeout}",
+            "--rdzv-conf", ",".join([f"timeout={settings.rdzv_join_timeout}", *extra]),
         ]  # fmt: skip
     return [
         "--rdzv-backend", settings.rdzv_backend,
         "--rdzv-endpoint", f"{ip}:{port}",
         "--rdzv-id", "trainwright",
-        "--rdzv-conf", f"join_timeout={settings.rdzv_join_timeout}",
+        "--rdzv-conf", ",".join([f"join_timeout={settings.rdzv_join_timeout}", *extra]),
     ]  # fmt: skip
 
 
@@ -120,11 +127,12 @@ def torchrun_arguments(
             f"num_processes={total} is not divisible by num_machines={settings.num_machines}; "
             "give every machine the same number of processes"
         )
+    low, high = settings.machine_range()
     args = [
-        "--nnodes", str(settings.num_machines),
+        "--nnodes", str(settings.num_machines) if low == high else f"{low}:{high}",
         "--nproc-per-node", str(total // settings.num_machines),
         "--max-restarts", str(settings.max_restarts),
-        "--monitor-interval", "0.1",
+        "--monitor-interval", str(settings.monitor_interval),
         *rendezvous_arguments(settings),
     ]  # fmt: skip
     if module:
