@@ -23,7 +23,6 @@ checked). The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.ch
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import pickle
@@ -39,10 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.checkpoint_files import StagedFiles, fsync_dir
 from strategies.checkpoint_hash import (
     HASHES,
     LEGACY_HASH,
-    HashingFile,
     HashingMemoryFile,
     MemoryFile,
     choose_hash,
@@ -55,19 +54,6 @@ from strategies.materialize import is_sharded_module, load_safetensors_slices
 
 class CheckpointError(ValueError):
     """A checkpoint is incomplete, tampered with, or not a trainwright checkpoint."""
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_json(path: Path) -> Any:
@@ -244,7 +230,7 @@ FORMAT_VERSION = 3  # 3: the manifest names its hash ("hash", a "digest" per fil
 LEGACY_MARKER = "checkpoint.json"  # format 1: an Accelerator directory marked complete by this file, without hashes
 
 
-class CheckpointWriter:
+class CheckpointWriter(StagedFiles):
     """Writes one checkpoint directory: every file goes into the hidden ``.<name>.partial`` sibling, hashed in
     the pass that writes it (no file is read back), and `commit` writes ``manifest.json`` (sizes, digests,
     metadata) last, flushes, and renames the directory into place. A crash at any point leaves ``<name>`` as it was.
@@ -258,12 +244,8 @@ class CheckpointWriter:
     """
 
     def __init__(self, final: str | os.PathLike[str], *, algorithm: str | None = None) -> None:
-        self.final = Path(final).absolute()
-        self.staging = self.final.parent / f".{self.final.name}.partial"
-        self.algorithm = choose_hash(algorithm)
-        self.files: dict[str, dict[str, Any]] = {}
-        self._flushing: list[tuple[str, int, Future[None]]] = []  # (name, bytes, its fsync in the background)
-        self._pool: ThreadPoolExecutor | None = None
+        final = Path(final).absolute()
+        super().__init__(final.parent / f".{final.name}.partial", choose_hash(algorithm), final)
         self.group: Any = None  # the process group of sharded writes (None: the default; a background save's own)
 
     def clear_staging(self) -> None:
@@ -276,79 +258,18 @@ class CheckpointWriter:
                     shutil.rmtree(stale, ignore_errors=True)
         self.staging.mkdir(parents=True)
 
-    def _write(self, name: str, produce: Any, nbytes: int = 0) -> None:
-        path = self.staging / name
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as fh:
-                out = HashingFile(fh, self.algorithm)
-                produce(out)
-                fh.flush()
-                self._flush_later(os.dup(fh.fileno()), name, nbytes)
-        except OSError as err:
-            self._raise_if_full(err, name, nbytes)
-            raise
-        self.files[name] = {"size": out.size, "digest": out.hexdigest()}
-
-    def _raise_if_full(self, err: OSError, name: str, nbytes: int) -> None:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-            return
-        self.sync(raise_errors=False)
-        free = shutil.disk_usage(self.staging.parent).free
-        shutil.rmtree(self.staging, ignore_errors=True)
-        raise OSError(
-            err.errno,
-            f"no space left to save checkpoint {str(self.final)!r}: writing {name} (about {nbytes / 1e6:.1f} MB) failed with "
-            f"{free / 1e6:.1f} MB free on that device. The partial checkpoint was removed and earlier checkpoints are "
-            "untouched; free space, lower ModelCheckpoint(save_top_k=...), or save to another directory",
-        ) from err
-
-    def _flush_later(self, fd: int, name: str, nbytes: int) -> None:
-        """fsync (and close) `fd`, a written file's, in the background: fsync waits on the disk, so the files of a
-        checkpoint reach it together (one journal commit for many small files) while the next ones are written."""
-        self._flushing.append((name, nbytes, self._fsync_pool().submit(_fsync_and_close, fd)))
-        self._flush_folders(name)
-
-    def _flush_folders(self, name: str) -> None:
-        """Flush, in the background too, the entry of `name` in each folder of the staging directory that holds it
-        (the staging directory's own: `commit`), beside the files' flushes: a journaling file system serves the waits
-        that overlap with one commit."""
-        for folder in (self.staging / name).parents:
-            if self.staging in folder.parents:
-                self._flushing.append((name, 0, self._fsync_pool().submit(fsync_dir, folder)))
-
-    def _fsync_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="checkpoint-fsync")
-        return self._pool
-
-    def sync(self, *, raise_errors: bool = True) -> None:
-        """Wait until every file this process wrote is on disk; every process calls it before its entries go to
-        the manifest (`commit` calls it too)."""
-        flushing, self._flushing = self._flushing, []
-        for name, nbytes, future in flushing:
-            try:
-                future.result()
-            except OSError as err:
-                if raise_errors:
-                    self._raise_if_full(err, name, nbytes)
-                    raise
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
     def save_safetensors(self, name: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-        self._write(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
+        self.write_file(name, lambda out: write_safetensors(out, state, metadata), _tensor_bytes(state))
 
     def save_torch(self, name: str, obj: Any) -> None:
         def produce(out: Any) -> None:  # (a HashingFile)
             with without_zip_crc():
                 torch.save(obj, out)
 
-        self._write(name, produce, _tensor_bytes(obj))
+        self.write_file(name, produce, _tensor_bytes(obj))
 
     def save_json(self, name: str, data: Any) -> None:
-        self._write(name, lambda out: out.write(json.dumps(data, indent=1, sort_keys=True).encode()))
+        self.write_file(name, lambda out: out.write(json.dumps(data, indent=1, sort_keys=True).encode()))
 
     def save_rng_state(self, name: str) -> None:
         tensors, meta = capture_rng_state()
@@ -362,23 +283,14 @@ class CheckpointWriter:
         from strategies.dcp_storage import HashingWriter  # lazy: torch.distributed.checkpoint takes a second to import
 
         def flush(fd: int, path: Path) -> None:
-            self._flush_later(fd, path.relative_to(self.staging).as_posix(), path.stat().st_size)
+            self.flush_later(fd, path.relative_to(self.staging).as_posix(), path.stat().st_size)
 
         storage = HashingWriter(self.staging / name, self.algorithm, flush=flush)
         with without_zip_crc():  # (DCP torch.saves each item into its shard file)
             dcp.save(state, storage_writer=storage, process_group=self.group)
         for path, (size, digest) in storage.written.items():
             self.files[path.relative_to(self.staging).as_posix()] = {"size": size, "digest": digest}
-        self._flush_folders(f"{name}/.metadata")  # (DCP renamed its .metadata after that file was flushed)
-
-    def hash_written(self, names: list[str]) -> None:
-        """Record files a library wrote into the staging directory by itself, not through this writer: these are read
-        back once to hash them (only DeepSpeed's recovery scripts, which its engine copies itself; its checkpoint
-        files go through `save_torch`)."""
-        for name in names:
-            path = self.staging / name
-            self.files[name] = {"size": path.stat().st_size, "digest": hash_file(path, self.algorithm)}
-            self._flush_later(os.open(path, os.O_RDONLY), name, 0)  # (the library may not have flushed it)
+        self.flush_folders(f"{name}/.metadata")  # (DCP renamed its .metadata after that file was flushed)
 
     def commit(self, meta: dict[str, Any], others: Sequence[dict[str, dict[str, Any]]] = ()) -> Path:
         """Write the manifest (this rank's files plus `others`, which each process `sync`ed), flush, and move the
@@ -414,13 +326,6 @@ def without_zip_crc() -> Iterator[None]:
             yield
         finally:
             put(before)
-
-
-def _fsync_and_close(fd: int) -> None:
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _tensor_bytes(obj: Any) -> int:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies import checkpoint_io as io
+from strategies.checkpoint_process import running_writer, writer_mode, writer_process
 from strategies.checkpoint_staging import Staging
 
 if TYPE_CHECKING:
@@ -271,7 +272,8 @@ class CheckpointStore:
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
-        self.staging = Staging()
+        self.in_process = writer_mode() == "process"  # the background write: in the writer process, or a thread here
+        self.staging = Staging(shared=self.in_process)
         self._pending: PendingSave | None = None
         self._after: list[Callable[[], None]] = []  # process 0: what runs once the save in flight committed
         self._group: Any = None  # the background saves' own process group
@@ -329,22 +331,29 @@ class CheckpointStore:
                 writer.commit(meta, entries)
             strategy.barrier()
             return str(writer.final)
+        self.staging.begin()
+        process = writer_process() if self.in_process else None  # (started now; the background thread waits for it)
         write = collect(self.staging)
         self.staging.finish()
         pending = PendingSave(writer.final)
         writer.group = group
-        thread = threading.Thread(target=self._write_in_background, args=(pending, writer, write, meta, group),
+        thread = threading.Thread(target=self._write_in_background, args=(pending, writer, write, meta, group, process),
                                   name="checkpoint-save", daemon=False)
         pending._thread = thread
         self._pending = pending
         thread.start()
         return pending
 
-    def _write_in_background(self, pending: PendingSave, writer: io.CheckpointWriter, write: Write, meta: dict[str, Any], group: Any) -> None:
+    def _write_in_background(
+        self, pending: PendingSave, writer: io.CheckpointWriter, write: Write, meta: dict[str, Any], group: Any, process: Any,
+    ) -> None:
         rank, world = self.strategy.rank, self.strategy.world_size
         error: str | None = None
         try:
-            write(writer)
+            if process is not None:  # the files go to the writer process (DCP's collective writes stay here)
+                process.write(writer, write, self.staging)
+            else:
+                write(writer)
             writer.sync()
         except BaseException as err:
             error = f"process {rank}: {type(err).__name__}: {err}"
@@ -397,10 +406,14 @@ class CheckpointStore:
         return self._group
 
     def close(self) -> None:
-        """Wait for the save in flight and release the background group (before the process group goes)."""
+        """Wait for the save in flight and release the background group (before the process group goes) and the
+        staging memory."""
         try:
             self.wait()
         finally:
+            self.staging.close()
+            if self.in_process and (process := running_writer()) is not None:
+                process.forget(self.staging)
             if self._group is not None:
                 import torch.distributed as dist
 
