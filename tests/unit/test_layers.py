@@ -49,7 +49,8 @@ TEMPORARY_LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 # Function-level imports without a reason, in files being rewritten: each should move to the top of its module.
 _HOIST = "no cycle, and the module is loaded already when this one is imported: move the import to the top"
 TEMPORARY_WITHOUT_REASON: dict[tuple[str, str], str] = {}
-# Circles of modules being broken, each the set of its modules (a test fails while an entry outlives its circle).
+# Circles of modules being broken: a circle within one of these sets is let through (a test fails while an entry
+# outlives its circle).
 TEMPORARY_CIRCLES: set[frozenset[str]] = {
     frozenset({"strategies.base", "strategies.checkpoint_io", "strategies.checkpoint_process", "strategies.checkpoint_store", "strategies.xla"}),
     frozenset({"trainer.cli.accelerate_config", "trainer.cli.config"}),
@@ -270,9 +271,9 @@ def test_no_circle_of_modules_even_through_function_level_imports() -> None:
     moved alone); break it by moving the shared piece into a module both import."""
     files = _files()
     circles = _circles(_import_graph(set(files), _runtime_imports(list(files))))
-    new = [members for members in circles if frozenset(members) not in TEMPORARY_CIRCLES]
+    new = [members for members in circles if not any(set(members) <= allowed for allowed in TEMPORARY_CIRCLES)]
     assert not new, "circles of modules (each imports the next, some inside functions):\n  " + "\n  ".join(map(str, new))
-    stale = [sorted(members) for members in TEMPORARY_CIRCLES if sorted(members) not in circles]
+    stale = [sorted(allowed) for allowed in TEMPORARY_CIRCLES if not any(set(members) <= allowed for members in circles)]
     assert not stale, f"remove {stale} from TEMPORARY_CIRCLES: the circle is broken"
 
 
