@@ -30,6 +30,7 @@ from strategies import checkpoint_io
 from strategies import checkpoint_store as store
 from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
+from strategies.blocks import find_blocks
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
@@ -46,7 +47,7 @@ def apply_fsdp(
     model: nn.Module,
     mesh: Any,
     *,
-    wrap_classes: Iterable[type[nn.Module] | str] = (),
+    wrap_classes: Iterable[type[nn.Module] | str] | None = None,
     min_num_params: int | None = None,
     reshard_after_forward: bool = True,
     mp_policy: Any = None,
@@ -58,6 +59,9 @@ def apply_fsdp(
         model: the module to shard (its parameters are replaced by sharded DTensor parameters).
         mesh: the 1-D `DeviceMesh` of the data-parallel processes.
         wrap_classes: submodule classes (or class names) that get their own FSDP unit, e.g. transformer blocks.
+            None (with no `min_num_params`): the model's repeated blocks (`strategies.blocks.find_blocks`: a
+            ``transformers`` model's ``_no_split_modules``, else the longest list of same-class modules), or the root
+            alone when it has none; ``()``: the root alone.
         min_num_params: also give an FSDP unit to every submodule holding at least this many parameters
             not already in a unit below it.
         reshard_after_forward: free the gathered parameters after forward (less memory, one more all-gather in backward).
@@ -74,6 +78,8 @@ def apply_fsdp(
         root_kwargs["mp_policy"] = mp_policy
     if cpu_offload:
         kwargs["offload_policy"] = root_kwargs["offload_policy"] = CPUOffloadPolicy()
+    if wrap_classes is None:
+        wrap_classes = find_blocks(model).classes if min_num_params is None else ()
     wrap_classes = _resolve_no_split(model, tuple(wrap_classes))
     classes = tuple(c for c in wrap_classes if isinstance(c, type))
     names = {c for c in wrap_classes if isinstance(c, str)}
@@ -126,7 +132,9 @@ class FSDPStrategy(Strategy):
             (the same with a `ShardedGradScaler`), or a true mode (``"bf16-true"``, ``"fp16-true"``, ``"fp64-true"``:
             the module is converted before sharding, so shards, gradients and optimizer states are in that dtype).
         timeout: process-group timeout in seconds (as for DDP).
-        wrap_classes: submodule classes (or names) that get their own FSDP unit; see `apply_fsdp`.
+        wrap_classes: submodule classes (or names) that get their own FSDP unit; by default the model's repeated
+            blocks (a ``transformers`` model's ``_no_split_modules``), then the root; ``()`` shards the root alone.
+            See `apply_fsdp`.
         min_num_params: also shard submodules holding this many parameters; see `apply_fsdp`.
         reshard_after_forward: free gathered parameters after forward; see `apply_fsdp`.
         cpu_offload: keep shards, gradients and optimizer states in CPU memory.
@@ -163,7 +171,7 @@ class FSDPStrategy(Strategy):
         cpu: bool = False,
         precision: str = "no",
         timeout: float | None = None,
-        wrap_classes: Iterable[type[nn.Module] | str] = (),
+        wrap_classes: Iterable[type[nn.Module] | str] | None = None,
         min_num_params: int | None = None,
         reshard_after_forward: bool = True,
         cpu_offload: bool = False,
@@ -196,12 +204,12 @@ class FSDPStrategy(Strategy):
                 )
             given: Any = (auto_wrap_policy,) if isinstance(auto_wrap_policy, type) else auto_wrap_policy
             wrap_classes = tuple(given)
-        wrap_classes = tuple(wrap_classes)
+        wrap_classes = None if wrap_classes is None else tuple(wrap_classes)
         if not dist.is_available():
             raise RuntimeError("strategy='fsdp' needs torch.distributed, which this torch build lacks; use strategy='single'")
         if min_num_params is not None and (isinstance(min_num_params, bool) or not isinstance(min_num_params, int) or min_num_params < 1):
             raise ValueError(f"min_num_params={min_num_params!r} must be a positive int or None")
-        bad = [c for c in wrap_classes if not (isinstance(c, str) or (isinstance(c, type) and issubclass(c, nn.Module)))]
+        bad = [c for c in wrap_classes or () if not (isinstance(c, str) or (isinstance(c, type) and issubclass(c, nn.Module)))]
         if bad:
             raise TypeError(f"wrap_classes must hold nn.Module subclasses or class names, got {bad!r}")
         cluster = detect_environment() if cluster is None else cluster
@@ -209,7 +217,7 @@ class FSDPStrategy(Strategy):
         super().__init__(cluster=cluster, device=device, precision=precision)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout = process_group_timeout(timeout)
-        self.wrap_classes = tuple(wrap_classes)
+        self.wrap_classes = wrap_classes
         self.min_num_params = min_num_params
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)

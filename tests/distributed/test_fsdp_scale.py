@@ -381,3 +381,58 @@ def test_tied_embeddings_stay_tied_and_equal_the_eager_build_under_fsdp(from_ran
     assert ranks[0]["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(ranks[0]["stepped"][name], value, atol=1e-5, rtol=0, msg=name)
+
+
+def _units(_: Any) -> dict[str, list[str]]:
+    """The modules each way of asking for FSDP makes a unit of (fully_shard applied), named by class."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from strategies.fsdp import FSDPStrategy
+    from trainer import Accelerator
+    from trainer.accelerator.config import FullyShardedDataParallelPlugin
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.lin(x))
+
+    class Stack(nn.Module):  # a hand-written model: its blocks are the longest list of same-class modules
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.layers, self.head = nn.Linear(4, 8), nn.ModuleList(Layer() for _ in range(3)), nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.embed(x)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    cases = {
+        "llama, default": (llama, lambda: Accelerator(cpu=True, strategy=FSDPStrategy(cpu=True))),
+        "llama, wrap_classes=()": (llama, lambda: Accelerator(cpu=True, strategy=FSDPStrategy(cpu=True, wrap_classes=()))),
+        "llama, Accelerate's default plugin": (llama, lambda: Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))),
+        "stack, default": (Stack, lambda: Accelerator(cpu=True, strategy="fsdp")),
+        "mlp, default": (lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), lambda: Accelerator(cpu=True, strategy="fsdp")),
+    }
+    found = {}
+    for name, (build, accelerator) in cases.items():
+        acc = accelerator()
+        model = acc.prepare(build())
+        found[name] = sorted(type(m).__name__.removeprefix("FSDP") for m in model.modules() if isinstance(m, FSDPModule))
+        acc.end_training()
+    return found
+
+
+def test_fsdp_shards_each_repeated_block_then_the_root_by_default() -> None:
+    # before, the default was the root alone: every parameter gathered at once in forward (no memory saved while computing)
+    units = run_distributed(_units, None, nprocs=2)[0]
+    assert units == {
+        "llama, default": ["LlamaDecoderLayer", "LlamaDecoderLayer", "LlamaForCausalLM"],
+        "llama, wrap_classes=()": ["LlamaForCausalLM"],
+        "llama, Accelerate's default plugin": ["LlamaForCausalLM"],  # Accelerate's auto_wrap_policy default is NO_WRAP
+        "stack, default": ["Layer", "Layer", "Layer", "Stack"],
+        "mlp, default": ["Sequential"],
+    }

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from benchmarks.memory_estimate import MLP, tiny_llama
+from strategies.blocks import find_blocks
 from trainer.cli import main
 from trainer.planning.budget import plan_memory
 from trainer.planning.layouts import Setup, trace
 from trainer.planning.measure import measure_iteration
 from trainer.planning.memory import estimate_setup, read_size
-from trainer.planning.models import find_blocks, meta_copy
+from trainer.planning.models import meta_copy
 from trainer.utils import estimate_memory
 
 SINGLE = [  # (model, precision, activation checkpointing, optimizer)

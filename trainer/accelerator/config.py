@@ -247,7 +247,9 @@ class FullyShardedDataParallelPlugin:
             kwargs["min_num_params"] = int(self.min_num_params or 100_000_000)
         elif policy == "SET":
             kwargs["wrap_classes"] = tuple(self.auto_wrap_policy)
-        elif policy not in ("NO_WRAP", "NONE"):
+        elif policy in ("NO_WRAP", "NONE"):  # Accelerate's default: the root alone (one unit)
+            kwargs["wrap_classes"] = ()
+        else:
             raise ValueError(
                 f"auto_wrap_policy={self.auto_wrap_policy!r} is not supported with FSDP2; use 'transformer_based_wrap', "
                 "'size_based_wrap', 'no_wrap' or a set of module classes"

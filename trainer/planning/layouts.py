@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from strategies.activation_checkpointing import apply_activation_checkpointing
+from strategies.blocks import Blocks
 from strategies.fsdp import apply_fsdp
 from strategies.precision import DeepSpeedPrecision, FSDPPrecision, Precision
-from trainer.planning.models import Blocks, make_batch
+from trainer.planning.models import make_batch
 from trainer.planning.trace import Tally, fake_mesh, fake_parameters, prime_optimizer, tracked_iteration
 
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
@@ -87,7 +88,7 @@ def prepare(model: nn.Module, blocks: Blocks, setup: Setup, mesh: object) -> nn.
         apply_activation_checkpointing(model, blocks.classes)
     if setup.sharded:
         policy = precision.mp_policy() if isinstance(precision, FSDPPrecision) else None
-        apply_fsdp(model, mesh, wrap_classes=blocks.classes, mp_policy=policy)
+        apply_fsdp(model, mesh, mp_policy=policy)  # FSDPStrategy's default units: the blocks, then the root
     precision.convert_module(model)
     return model
 

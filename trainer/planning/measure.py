@@ -16,8 +16,9 @@ from torch import nn
 
 from strategies.activation_checkpointing import apply_activation_checkpointing
 from strategies.base import Strategy
+from strategies.blocks import find_blocks
 from trainer.planning.layouts import PRECISIONS, Setup, build_optimizer
-from trainer.planning.models import compute_loss, find_blocks, make_batch
+from trainer.planning.models import compute_loss, make_batch
 from trainer.planning.trace import Tally, tracked_iteration
 
 
@@ -35,7 +36,7 @@ def _strategy(setup: Setup, block_classes: tuple[type[nn.Module], ...], cpu: boo
         from strategies.fsdp import FSDPStrategy  # lazy: only the measured strategy
 
         ac = block_classes if setup.activation_checkpointing else None
-        return FSDPStrategy(cpu=cpu, precision=mode, wrap_classes=block_classes, activation_checkpointing_policy=ac)
+        return FSDPStrategy(cpu=cpu, precision=mode, activation_checkpointing_policy=ac)  # sharded as by default
     raise ValueError(
         f"strategy={setup.strategy!r} cannot be measured on the CPU with PyTorch's trackers (DeepSpeed allocates its "
         "partitions outside them); measure 'single', 'ddp' or 'fsdp'"

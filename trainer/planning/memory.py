@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from strategies.blocks import find_blocks
 from trainer.planning.layouts import DEVICES, OPTIMIZERS, PRECISIONS, STRATEGIES, Setup, trace
-from trainer.planning.models import ModelSource, find_blocks, is_language_model, keep_blocks, load_meta_model, meta_copy
+from trainer.planning.models import ModelSource, is_language_model, keep_blocks, load_meta_model, meta_copy
 from trainer.planning.trace import CATEGORIES, Tally
 
 _TRACED_BLOCKS = (4, 5)  # models with more blocks are traced with these many and extrapolated
@@ -118,7 +119,8 @@ def tally_setup(base: Any, setup: Setup) -> tuple[Tally, int, tuple[int, ...]]:
     """The tally of one iteration of `base` as `setup` runs it, its block count, and the block counts traced."""
     _check_shape_fits(base, setup)
     blocks = find_blocks(base)
-    if (setup.activation_checkpointing or setup.sharded) and not blocks.classes:
+    # FSDPStrategy shards a model without blocks as one unit (its default); the others need the blocks
+    if (setup.activation_checkpointing or (setup.sharded and setup.strategy != "fsdp")) and not blocks.classes:
         what = "activation_checkpointing" if setup.activation_checkpointing else f"strategy={setup.strategy!r}"
         raise ValueError(
             f"{what} needs the model's repeated blocks (to checkpoint or shard them), but {type(base).__name__} has no "

@@ -4,9 +4,8 @@ A model is given as an `nn.Module` (real or on the meta device), a zero-argument
 or a local directory holding a Hugging Face ``config.json``. Every estimate works on a *meta copy* (`meta_copy`): the
 caller's module is never touched, and nothing is allocated.
 
-The repeated blocks of a model are the units the estimate checkpoints (activation checkpointing) and shards (FSDP):
-for a ``transformers`` model each class its ``_no_split_modules`` names, otherwise the class of the longest
-`nn.ModuleList` whose entries share one class.
+The repeated blocks of a model (`strategies.blocks.find_blocks`, the rule `FSDPStrategy` shards by default) are the
+units the estimate checkpoints (activation checkpointing) and shards (FSDP).
 """
 
 from __future__ import annotations
@@ -15,12 +14,13 @@ import copy
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from strategies.blocks import Blocks
 
 ModelSource = nn.Module | Callable[[], nn.Module] | str | Path
 
@@ -99,32 +99,6 @@ def _has_real_tensors(module: nn.Module) -> bool:
 
 
 # the repeated blocks ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """The repeated blocks of a model: their classes, and the `nn.ModuleList` holding them (its name in the model)."""
-
-    classes: tuple[type[nn.Module], ...]
-    list_name: str | None
-    count: int
-
-
-def find_blocks(model: nn.Module) -> Blocks:
-    """The block classes (``_no_split_modules`` first, else the longest list of same-class modules) and their list."""
-    lists = [(name, sub) for name, sub in model.named_modules() if isinstance(sub, nn.ModuleList) and len(sub) > 0]
-    same = [(name, sub) for name, sub in lists if len({type(m) for m in sub}) == 1]
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    if names:
-        classes = tuple({type(m) for m in model.modules() if type(m).__name__ in names})
-        holding = [(name, sub) for name, sub in same if isinstance(sub[0], classes)]
-    else:
-        holding = same
-        classes = ()
-    if not holding:
-        return Blocks(classes=classes, list_name=None, count=0)
-    name, longest = max(holding, key=lambda item: len(item[1]))
-    return Blocks(classes=classes or (type(longest[0]),), list_name=name, count=len(longest))
 
 
 def keep_blocks(model: nn.Module, blocks: Blocks, count: int) -> nn.Module:
