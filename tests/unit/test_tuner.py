@@ -179,7 +179,7 @@ def test_tuner_lr_find_then_fit_on_the_same_trainer(tmp_path: Path) -> None:
     fresh = Regression(lr=suggestion)
     make_trainer(tmp_path / "b").fit(fresh)
     assert_same(weights(fresh), weights(module))
-    assert len(trainer.accelerator._optimizers) == len(trainer.accelerator._schedulers) == 1
+    assert len(trainer.accelerator.prepared.optimizers) == len(trainer.accelerator.prepared.schedulers) == 1
     path = trainer.save_checkpoint(tmp_path / "ckpt")
     assert len([p for p in Path(path).iterdir() if "optimizer" in p.name]) == 1
 

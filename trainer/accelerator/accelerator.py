@@ -59,6 +59,7 @@ from trainer.accelerator.gradient_state import track as track_gradient_state
 from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
 from trainer.accelerator.layout import AcceleratorState, ProcessLayout, debug_mode, share_strategy
 from trainer.accelerator.parallelism import ParallelismConfig
+from trainer.accelerator.registry import Prepared
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
 from trainer.accelerator.stepper import Stepper, check_loss
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
@@ -188,15 +189,10 @@ class Accelerator(ProcessLayout):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.flag_tensor: torch.Tensor | None = None
         self._signals = SignalRecorder()  # trigger_on_signals' handlers record here
-        self._models: list[nn.Module] = []
-        self._optimizers: list[PreparedOptimizer] = []
-        self._schedulers: list[PreparedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._custom_objects: list[Any] = []
+        self.prepared = Prepared(data_seed=self.dataloader_config.data_seed)  # what save_state checkpoints, in order
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()  # register_save_state_pre_hook
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()  # register_load_state_pre_hook
         self.checkpoint_parts: list[Any] = []  # what a Trainer adds to every checkpoint (`state.Part`s)
-        self._data_seed: int | None = self.dataloader_config.data_seed
         self._log_with = log_with
         self._trackers: Any = None
         if log_with is not None:
@@ -327,7 +323,7 @@ class Accelerator(ProcessLayout):
         """True when fp16 loss scaling skipped the last step (inf/nan gradients); never without a scaler."""
         if self.strategy.precision.scaler is None:
             return False
-        return any(opt.step_was_skipped for opt in self._optimizers)
+        return any(opt.step_was_skipped for opt in self.prepared.optimizers)
 
     @property
     def project_dir(self) -> str | None:
@@ -441,11 +437,11 @@ class Accelerator(ProcessLayout):
             optimizers = [dummy]
         self.strategy.precision.convert_module(self.strategy.unwrap_module(wrapped))
         self._compile(wrapped, compiled)
-        self._models.append(wrapped)
+        self.prepared.models.append(wrapped)
         out[i] = wrapped
         for j, optimizer in zip(optimizers, prepared):
             out[j] = PreparedOptimizer(optimizer, self, original=args[j])
-            self._optimizers.append(out[j])
+            self.prepared.optimizers.append(out[j])
         if schedule is not None:
             out[schedule] = self.prepare_scheduler(EngineScheduler(wrapped.lr_scheduler))
             return {i, *optimizers, schedule}
@@ -462,7 +458,7 @@ class Accelerator(ProcessLayout):
         model = self.strategy.setup_module(model, move=move, wrap=not evaluation_mode)
         self.strategy.precision.convert_module(self.strategy.unwrap_module(model))
         self._compile(model, compiled)
-        self._models.append(model)
+        self.prepared.models.append(model)
         return model
 
     def _compile(self, model: nn.Module, dynamo_ctx: Any) -> None:
@@ -477,14 +473,14 @@ class Accelerator(ProcessLayout):
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
         prepared = PreparedOptimizer(self.strategy.setup_optimizer(optimizer), self)
-        self._optimizers.append(prepared)
+        self.prepared.optimizers.append(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         if isinstance(scheduler, PreparedScheduler):
             return scheduler
-        prepared = PreparedScheduler(scheduler, self, [o for o in self._optimizers if o.steps(scheduler.optimizer)])
-        self._schedulers.append(prepared)
+        prepared = PreparedScheduler(scheduler, self, [o for o in self.prepared.optimizers if o.steps(scheduler.optimizer)])
+        self.prepared.schedulers.append(prepared)
         return prepared
 
     def prepare_data_loader(
@@ -515,7 +511,7 @@ class Accelerator(ProcessLayout):
             # Accelerate's seed: data_seed, else the one set_seed set. Taken from process 0, so that processes seeded
             # differently (set_seed(device_specific=True)) still share one order: every sample once per epoch.
             seed = config.data_seed if config.data_seed is not None else torch.random.initial_seed()
-            seed = self._data_seed = int(self.strategy.broadcast_object(seed, 0))
+            seed = self.prepared.data_seed = int(self.strategy.broadcast_object(seed, 0))
         several = shard and self.strategy.data_parallel_size > 1
         prepared = prepare_data_loader(
             data_loader,
@@ -531,7 +527,7 @@ class Accelerator(ProcessLayout):
             synchronize=_rng_synchronizer(self.rng_types) if several and self.rng_types else None,
         )
         if register:
-            self._dataloaders.append(prepared)
+            self.prepared.dataloaders.append(prepared)
         return prepared
 
     # training -----------------------------------------------------------------------------------------
@@ -544,7 +540,7 @@ class Accelerator(ProcessLayout):
             self.stepper.backward(loss)
 
     def _active_dataloader(self) -> Any:
-        for loader in reversed(self._dataloaders):
+        for loader in reversed(self.prepared.dataloaders):
             if getattr(loader, "end_of_dataloader", False):
                 return loader
         return None
@@ -582,7 +578,7 @@ class Accelerator(ProcessLayout):
         """
         if even_batches is not None and not isinstance(even_batches, bool):
             raise TypeError(f"even_batches={even_batches!r} must be True, False or None (keep the loaders' setting)")
-        shards: list[Any] = [getattr(loader, "_shard", None) for loader in self._dataloaders]
+        shards: list[Any] = [getattr(loader, "_shard", None) for loader in self.prepared.dataloaders]
         shards = [shard for shard in shards if hasattr(shard, "even_batches")]
         saved = [(shard, shard.even_batches) for shard in shards]
         if even_batches is not None:
@@ -634,7 +630,7 @@ class Accelerator(ProcessLayout):
 
     def _inner_optimizers(self, optimizer: Any = None) -> list[torch.optim.Optimizer]:
         """The optimizers the strategy set up: of `optimizer` (one or a list), else of every prepared one."""
-        targets = self._optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
+        targets = self.prepared.optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
         return [opt.optimizer if isinstance(opt, PreparedOptimizer) else opt for opt in targets]
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
@@ -770,7 +766,7 @@ class Accelerator(ProcessLayout):
         bad = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
         if bad:
             raise TypeError(f"objects {bad!r} have no state_dict()/load_state_dict(); only such objects can be registered for checkpointing")
-        self._custom_objects.extend(objects)
+        self.prepared.custom_objects.extend(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` in `save_state`, on every process, before the weights are written.
@@ -838,6 +834,27 @@ class Accelerator(ProcessLayout):
         _check_path(input_dir, "input_dir")
         return accelerator_state.load_state(self, input_dir, strict=strict, verify=verify, **kwargs)
 
+    # Accelerate's private names for the prepared objects, read by some scripts: the same lists as `prepared`'s
+    @property
+    def _models(self) -> list[nn.Module]:
+        return self.prepared.models
+
+    @property
+    def _optimizers(self) -> list[PreparedOptimizer]:
+        return self.prepared.optimizers
+
+    @property
+    def _schedulers(self) -> list[PreparedScheduler]:
+        return self.prepared.schedulers
+
+    @property
+    def _dataloaders(self) -> list[Any]:
+        return self.prepared.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        return self.prepared.custom_objects
+
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that starts `num_batches` into `dataloader`, skipping at the batch-sampler level."""
         from strategies.data import skip_first_batches  # lazy: `import trainer.accelerator` does not load strategies.data
@@ -846,10 +863,7 @@ class Accelerator(ProcessLayout):
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Drop references to prepared objects and empty device caches."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        self.prepared.clear()
         self.step = 0
         gc.collect()
         if torch.cuda.is_available():

@@ -120,7 +120,7 @@ class GradientState:
     def dataloader_references(self) -> list[Any]:
         """``None``, then the prepared loaders in a pass, in the order their passes began (the last is active)."""
         passes = {}
-        for loader in self._accelerator._dataloaders:
+        for loader in self._accelerator.prepared.dataloaders:
             progress = getattr(loader, "_progress", None)
             if progress is not None and progress.started:
                 passes[progress.started] = progress.running

@@ -51,9 +51,9 @@ class Part:
 
 def checkpoint_parts(accelerator: Accelerator, extra_state: dict[str, Any] | None = None) -> list[Part]:
     """Everything a checkpoint holds besides the weights and RNG states, by name: the same list saves and loads."""
-    parts = [Part(store.scheduler_file(i), "torch", sched) for i, sched in enumerate(accelerator._schedulers)]
+    parts = [Part(store.scheduler_file(i), "torch", sched) for i, sched in enumerate(accelerator.prepared.schedulers)]
     parts.append(Part(store.SCALER, "torch", accelerator.strategy.precision, optional=True))
-    parts += [Part(store.custom_file(i), "torch", obj) for i, obj in enumerate(accelerator._custom_objects)]
+    parts += [Part(store.custom_file(i), "torch", obj) for i, obj in enumerate(accelerator.prepared.custom_objects)]
     parts.append(Part(store.DATALOADERS, "json", _LoaderPositions(accelerator)))
     registered = accelerator.checkpoint_parts  # the Trainer's (its state in extra_state.json, hparams.json)
     if extra_state is not None and any(part.file == store.EXTRA_STATE for part in registered):
@@ -71,14 +71,14 @@ class _LoaderPositions:
 
     def state_dict(self) -> dict[str, Any]:
         acc = self.accelerator
-        loaders = [loader.state_dict() for loader in acc._dataloaders if hasattr(loader, "state_dict")]
-        return {"dataloaders": loaders, "data_seed": acc._data_seed, "step": acc.step}
+        loaders = [loader.state_dict() for loader in acc.prepared.dataloaders if hasattr(loader, "state_dict")]
+        return {"dataloaders": loaders, "data_seed": acc.prepared.data_seed, "step": acc.step}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         acc = self.accelerator
-        acc._data_seed = data.get("data_seed", acc._data_seed)
+        acc.prepared.data_seed = data.get("data_seed", acc.prepared.data_seed)
         acc.step = int(data.get("step", 0))
-        loaders = [loader for loader in acc._dataloaders if hasattr(loader, "load_state_dict")]
+        loaders = [loader for loader in acc.prepared.dataloaders if hasattr(loader, "load_state_dict")]
         for loader, state in zip(loaders, data.get("dataloaders", [])):
             loader.load_state_dict(state)
 
@@ -146,7 +146,7 @@ def save_state(
 
     def collect(staging: Staging | None) -> Write:
         if weights_only:
-            write_weights = strategy.collect_checkpoint(accelerator._models, [], staging)
+            write_weights = strategy.collect_checkpoint(accelerator.prepared.models, [], staging)
         else:
             write_weights = _collect_weights(accelerator, final, manifest, staging)
         rng_tensors, rng_meta = io.capture_rng_state()  # (fresh tensors: nothing to copy)
@@ -168,8 +168,8 @@ def save_state(
         return write
 
     manifest = {"num_processes": accelerator.num_processes, "world_size": accelerator.num_processes, "sharded": strategy.sharded,
-                "models": len(accelerator._models), "optimizers": 0 if weights_only else len(accelerator._optimizers),
-                "schedulers": 0 if weights_only else len(accelerator._schedulers), "created": time.time(), **(meta or {})}
+                "models": len(accelerator.prepared.models), "optimizers": 0 if weights_only else len(accelerator.prepared.optimizers),
+                "schedulers": 0 if weights_only else len(accelerator.prepared.schedulers), "created": time.time(), **(meta or {})}
     if weights_only:
         manifest["kind"] = store.WEIGHTS_ONLY
     result = accelerator.checkpoints.save(final.absolute(), collect, manifest, async_save=async_save)
@@ -210,7 +210,7 @@ def _check_process_count(accelerator: Accelerator, reader: io.CheckpointReader, 
             f"them. Resume on {saved} processes, or start a new run from its weights (TrainModule.load_from_checkpoint(...), "
             "or strategies.checkpoint_io.load_weights)"
         )
-    loaders = [loader for loader in accelerator._dataloaders if hasattr(loader, "resharded_position")]
+    loaders = [loader for loader in accelerator.prepared.dataloaders if hasattr(loader, "resharded_position")]
     if loaders and (path / store.DATALOADERS).exists():
         positions = reader.read_json(store.DATALOADERS)
         for loader, state in zip(loaders, positions.get("dataloaders", []) if isinstance(positions, dict) else []):
@@ -248,7 +248,7 @@ def load_state(
     store.check_resumable(path, manifest)
     _check_process_count(accelerator, reader, manifest)
     models = _run_load_hooks(accelerator, path)
-    for kind, have in (("models", models), ("optimizers", accelerator._optimizers), ("schedulers", accelerator._schedulers)):
+    for kind, have in (("models", models), ("optimizers", accelerator.prepared.optimizers), ("schedulers", accelerator.prepared.schedulers)):
         if manifest.get(kind, len(have)) != len(have):
             raise ValueError(
                 f"checkpoint {str(path)!r} holds {manifest.get(kind)} {kind} but {len(have)} were prepared; "
@@ -269,7 +269,7 @@ def _load_files(
 ) -> None:
     """Every file `load_state` restores, each read (and checked) once through `reader`; `models` load the weights files in order."""
     path = reader.directory
-    accelerator.strategy.load_checkpoint(reader, models, [opt.optimizer for opt in accelerator._optimizers], strict=strict)
+    accelerator.strategy.load_checkpoint(reader, models, [opt.optimizer for opt in accelerator.prepared.optimizers], strict=strict)
     for part in parts:
         if part.optional and not (path / part.file).exists():
             continue
@@ -322,8 +322,8 @@ def _collect_weights(accelerator: Accelerator, final: Path, manifest: dict[str, 
     Without hooks the strategy collects everything. With hooks and full state dicts, the hooks get those state dicts
     and what they leave in the list is written, in order; under a sharded strategy they get an empty list.
     """
-    strategy, models = accelerator.strategy, accelerator._models
-    optimizers = [opt.optimizer for opt in accelerator._optimizers]
+    strategy, models = accelerator.strategy, accelerator.prepared.models
+    optimizers = [opt.optimizer for opt in accelerator.prepared.optimizers]
     hooks = list(accelerator._save_state_pre_hooks.values())
     main = strategy.rank == 0
     if not hooks:
@@ -376,9 +376,9 @@ def _run_load_hooks(accelerator: Accelerator, path: Path) -> list[Any]:
     """Call the load-state pre-hooks (`Accelerator.register_load_state_pre_hook`); the models whose weights load from `path`."""
     hooks = list(accelerator._load_state_pre_hooks.values())
     if not hooks:
-        return list(accelerator._models)
+        return list(accelerator.prepared.models)
     full = _full_weights(accelerator)
-    models = list(accelerator._models) if full else []
+    models = list(accelerator.prepared.models) if full else []
     for hook in hooks:
         hook(models, str(path))
-    return models if full else list(accelerator._models)
+    return models if full else list(accelerator.prepared.models)

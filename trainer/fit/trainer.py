@@ -639,7 +639,7 @@ class Trainer:
         if reload:
             old = self._train_loader
             for part in old.flattened if isinstance(old, CombinedLoader) else [old]:
-                self.accelerator._dataloaders.remove(part)
+                self.accelerator.prepared.forget(part)
         prepared = [self.accelerator.prepare_data_loader(part, device_placement=not self._moves_batches, shard=self._args.use_distributed_sampler)
                     for part in parts]
         if combined is not None:
@@ -659,12 +659,10 @@ class Trainer:
     def _release_previous_fit(self) -> None:
         """A later ``fit`` of this Trainer (after ``Tuner.lr_find``, or to train on) starts clean: the optimizers, schedulers
         and train loader the previous one prepared leave the accelerator, so checkpoints hold this fit's alone."""
-        acc, old = self.accelerator, self._train_loader
-        acc._optimizers[:] = [o for o in acc._optimizers if all(o is not mine for mine in self.optimizers)]
+        old = self._train_loader
         schedulers = [config.scheduler for config in self.lr_scheduler_configs]
-        acc._schedulers[:] = [s for s in acc._schedulers if all(s.scheduler is not mine for mine in schedulers)]
         parts = list(old.flattened) if isinstance(old, CombinedLoader) else [old] if old is not None else []
-        acc._dataloaders[:] = [d for d in acc._dataloaders if all(d is not part for part in parts)]
+        self.accelerator.prepared.forget(*self.optimizers, *schedulers, *parts)
         self.optimizers, self.lr_scheduler_configs, self._train_loader = [], [], None
 
     def _reload_resumed(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any) -> list[Any] | None:
