@@ -17,7 +17,6 @@ unequal gathers, an inexact resume).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import numbers
@@ -26,25 +25,21 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from strategies import Strategy
 from strategies import fp8 as fp8_module
 from strategies.abilities import Engine
-from strategies.checkpoint_io import save_model_weights, save_safetensors, torch_save
 from strategies.checkpoint_store import CheckpointStore
-from strategies.collectives import apply_to_tensors
-from strategies.compile import apply_compile, plain_view, recompile_with, unwrap_compiled
+from strategies.compile import apply_compile, recompile_with, unwrap_compiled
 from strategies.environment import env_flag, env_setting
 from strategies.precision import normalize_precision
 from trainer.accelerator import layout
-from trainer.accelerator import state as accelerator_state
 from trainer.accelerator.builder import accumulation_plugin, build_strategy
+from trainer.accelerator.collectives import Collectives
 from trainer.accelerator.config import (
     DataLoaderConfiguration,
     DeepSpeedPlugin,
@@ -57,9 +52,11 @@ from trainer.accelerator.dummies import DummyOptim, DummyScheduler, EngineSchedu
 from trainer.accelerator.gradient_state import GradientState
 from trainer.accelerator.gradient_state import track as track_gradient_state
 from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
-from trainer.accelerator.layout import AcceleratorState, ProcessLayout, debug_mode, share_strategy
+from trainer.accelerator.layout import AcceleratorState, share_strategy
+from trainer.accelerator.mesh_ranks import MeshRanks
 from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.registry import Prepared
+from trainer.accelerator.saving import Checkpointing, check_path
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
 from trainer.accelerator.stepper import Stepper, check_loss
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
@@ -67,7 +64,7 @@ from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 _UNSET: Any = object()
 
 
-class Accelerator(ProcessLayout):
+class Accelerator(MeshRanks, Collectives, Checkpointing):
     """One object for device placement, distributed data, mixed precision, accumulation and checkpoints.
 
     Args:
@@ -145,7 +142,7 @@ class Accelerator(ProcessLayout):
             self.dataloader_config.split_batches = bool(split_batches)
         if even_batches is not _UNSET:
             self.dataloader_config.even_batches = bool(even_batches)
-        _check_path(project_dir, "project_dir")
+        check_path(project_dir, "project_dir")
         self.project_configuration = project_config or ProjectConfiguration(project_dir=None if project_dir is None else os.fspath(project_dir))
         if project_dir is not None and project_config is not None:
             self.project_configuration.set_directories(project_dir)
@@ -199,51 +196,6 @@ class Accelerator(ProcessLayout):
             self._tracker_hub()  # validate names now, not after an hour of training
 
     # properties ---------------------------------------------------------------------------------------
-    @property
-    def parallelism_config(self) -> ParallelismConfig | None:
-        return self._parallelism_config
-
-    @property
-    def torch_device_mesh(self) -> Any:
-        """The device mesh with named dimensions (``dp_replicate``, ``dp_shard``, ``tp``, flattened ``dp``), or None."""
-        return getattr(self.strategy, "device_mesh", None) if self._parallelism_config is not None else None
-
-    @property
-    def is_composable_parallelism_enabled(self) -> bool:
-        return self.strategy.name == "fsdp"
-
-    def _mesh_rank(self, dim: str, enabled: bool, what: str) -> int:
-        if self._parallelism_config is None:
-            raise RuntimeError(f"{what} is not configured; pass Accelerator(parallelism_config=ParallelismConfig(...)) first")
-        return self.torch_device_mesh.get_local_rank(dim) if enabled and self.torch_device_mesh is not None else 0
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        """This process's index in its tensor-parallel group (0 without tensor parallelism)."""
-        return self._mesh_rank("tp", bool(self._parallelism_config and self._parallelism_config.tp_enabled), "Tensor parallelism")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """Accelerate's meaning: the index along ``dp_replicate`` (0 without replicas); see `data_parallel_shard_rank`."""
-        config = self._parallelism_config
-        if config is not None and config.dp_replicate_enabled and not config.shards:  # DDP replicas: the process index
-            return self.process_index
-        return self._mesh_rank("dp_replicate", bool(config and config.dp_replicate_enabled), "Data parallelism")
-
-    @property
-    def data_parallel_shard_rank(self) -> int:
-        """The index along ``dp_shard`` (0 without sharding)."""
-        return self._mesh_rank("dp_shard", bool(self._parallelism_config and self._parallelism_config.dp_shard_enabled),
-                               "Shard-based data parallelism")
-
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        raise NotImplementedError("pipeline parallelism is not available (nor in Accelerate)")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        raise NotImplementedError("context parallelism is not available yet; ParallelismConfig(cp_size>1) is refused")
-
     @property
     def state(self) -> AcceleratorState:
         """A read-only view: ``num_processes``, ``process_index``, ``device``, ``distributed_type``, ``mixed_precision``..."""
@@ -539,12 +491,6 @@ class Accelerator(ProcessLayout):
         else:  # a plain call costs less than unpacking an empty dict
             self.stepper.backward(loss)
 
-    def _active_dataloader(self) -> Any:
-        for loader in reversed(self.prepared.dataloaders):
-            if getattr(loader, "end_of_dataloader", False):
-                return loader
-        return None
-
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """Accumulate gradients: inside, gradient sync and optimizer steps happen only on boundaries."""
@@ -673,167 +619,6 @@ class Accelerator(ProcessLayout):
     def received_signal(self, value: int) -> None:
         self._signals.received = int(value)
 
-    # collectives --------------------------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        """Gather tensors (nested structures too) from every process, concatenated along dim 0."""
-        _check_tensors(tensor, "gather", "gather_object")
-        if debug_mode():
-            _verify("Accelerator.gather", tensor)
-        return self.strategy.all_gather(tensor)
-
-    def gather_object(self, obj: Any) -> list[Any]:
-        return self.strategy.all_gather_object(obj)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather, then drop the wrap-around duplicates of the last batch so each sample counts once."""
-        all_tensors = _only_tensors(input_data)
-        data = self.gather(input_data) if all_tensors and not use_gather_object else self.gather_object(input_data)
-        loader = self._active_dataloader()
-        remainder = getattr(loader, "remainder", -1) if loader is not None else -1
-        if remainder is None or remainder < 0:
-            return data
-        if all_tensors and not use_gather_object:
-            return apply_to_tensors(lambda t: t[:remainder], data)
-        return data[:remainder]
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        _check_tensors(tensor, "reduce", "gather_object")
-        if debug_mode():
-            _verify("Accelerator.reduce", tensor)
-        return self.strategy.all_reduce(tensor, reduction, scale)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        _check_tensors(tensor, "pad_across_processes", "gather_object")
-        if debug_mode():  # only the number of dimensions must agree
-            _verify("Accelerator.pad_across_processes", tensor, ndim_only=True)
-        return self.strategy.pad_across_processes(tensor, dim, pad_index, pad_first)
-
-    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
-        _check_tensors(tensor, "broadcast", "broadcast_object")
-        if debug_mode():
-            _verify("Accelerator.broadcast", tensor)
-        return self.strategy.broadcast(tensor, from_process)
-
-    def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
-        return self.strategy.broadcast_object(obj, from_process)
-
-    # models and checkpoints ---------------------------------------------------------------------------
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
-        """The model without the strategy's wrapper (DDP, DeepSpeed's engine).
-
-        Models are compiled in place here (their ``forward``), so the unwrapped model runs compiled; with
-        ``keep_torch_compile=False`` you get a view of it that runs eagerly (the same parameters and buffers; the
-        prepared model stays compiled). Parameter names are plain either way. ``keep_fp32_wrapper=False`` gives a
-        view without the mixed-precision forward (autocast, float32 outputs), which also runs eagerly; Accelerate
-        instead removes that forward from the prepared model itself.
-        """
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"unwrap_model() takes a model (torch.nn.Module), got {type(model).__name__}")
-        model = self.strategy.unwrap_module(model)
-        if keep_torch_compile and keep_fp32_wrapper:
-            return model
-        view = plain_view(model)  # eager, and without the precision's forward
-        if keep_fp32_wrapper and view is not model:
-            self.strategy.precision.convert_module(view)  # the mixed-precision forward back, as prepare() put it
-        return view
-
-    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The model's full state dict (the same on every process; a collective for sharded strategies).
-
-        ``unwrap=False`` (single device and DDP; Accelerate's) keeps the wrapper's key names (``module.``); the
-        sharded strategies always give the full unwrapped weights, as in Accelerate.
-        """
-        if not unwrap and not self.strategy.sharded and self.strategy.name in ("single", "ddp"):
-            return model.state_dict()
-        return self.strategy.module_state_dict(model)
-
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save `obj` on the main process (safetensors for a state dict when ``safe_serialization``)."""
-        if not self.is_main_process:
-            return
-        (save_safetensors if safe_serialization else torch_save)(obj, Path(f))
-
-    def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
-        """Save the unwrapped weights (safetensors), sharded by `max_shard_size` with an index file."""
-        _check_path(save_directory, "save_directory")
-        state = self.get_state_dict(model)
-        if self.is_main_process:
-            save_model_weights(state, Path(save_directory), max_shard_size=max_shard_size, safe_serialization=safe_serialization)
-        self.wait_for_everyone()
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore these objects (anything with ``state_dict``/``load_state_dict``) in `save_state`."""
-        bad = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]
-        if bad:
-            raise TypeError(f"objects {bad!r} have no state_dict()/load_state_dict(); only such objects can be registered for checkpointing")
-        self.prepared.custom_objects.extend(objects)
-
-    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` in `save_state`, on every process, before the weights are written.
-
-        `models` is the list of prepared models, `weights` their state dicts (unwrapped keys) in that order, and
-        `output_dir` the directory being written (the hidden staging directory that becomes the checkpoint when the
-        save commits): files the hook writes there move with the checkpoint. The hook may change `weights` in place:
-        a state dict it removes is not written (save that model yourself, then ``weights.pop()``), and the remaining
-        ones are written in order as ``model.safetensors``, ``model_1.safetensors``, ... Under a sharded strategy
-        (FSDP, DeepSpeed) `weights` is empty and the strategy writes the weights itself, as in Accelerate.
-
-        Returns:
-            A handle; ``handle.remove()`` unregisters the hook.
-        """
-        if not callable(hook):
-            raise TypeError(f"register_save_state_pre_hook(hook={hook!r}) needs a callable hook(models, weights, output_dir)")
-        handle = RemovableHandle(self._save_state_pre_hooks)
-        self._save_state_pre_hooks[handle.id] = hook
-        return handle
-
-    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` in `load_state`, on every process, before the weights are loaded.
-
-        `models` is a list of the prepared models; a model the hook removes from it is not loaded from the
-        checkpoint (load it yourself, then ``models.pop()``), and the remaining ones load, in order, the weights
-        files `save_state` wrote (the pair of `register_save_state_pre_hook`). Under a sharded strategy `models` is
-        empty, as in Accelerate.
-
-        Returns:
-            A handle; ``handle.remove()`` unregisters the hook.
-        """
-        if not callable(hook):
-            raise TypeError(f"register_load_state_pre_hook(hook={hook!r}) needs a callable hook(models, input_dir)")
-        handle = RemovableHandle(self._load_state_pre_hooks)
-        self._load_state_pre_hooks[handle.id] = hook
-        return handle
-
-    def save_state(
-        self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None,
-        async_save: bool = False,
-    ) -> Any:
-        """Save everything needed to resume exactly; see `trainer.accelerator.state.save_state`. Returns the directory.
-
-        ``async_save=True`` returns as soon as the state is copied out of the training tensors, with a handle
-        (``done()``, ``result()`` → the directory) while the files are written in the background; the checkpoint is
-        committed (manifest written, directory renamed into place) only once every process's write finished. At most
-        one save is in flight: the next save, `load_state` and `end_training` wait for it, and an error of the
-        background write is raised there, naming the checkpoint.
-        """
-        _check_path(output_dir, "output_dir")
-        if safe_serialization is not True:
-            warnings.warn(
-                f"save_state(safe_serialization={safe_serialization!r}) changes nothing here: checkpoints always hold "
-                "weights as safetensors and other states as tensor-only files, loaded without unpickling objects",
-                stacklevel=2,
-            )
-        return accelerator_state.save_state(self, output_dir, extra_state=extra_state, async_save=async_save)
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, *, strict: bool = True, verify: bool = True, **kwargs: Any) -> dict[str, Any]:
-        """Restore what `save_state` wrote; returns its ``extra_state``. No path: the newest automatic checkpoint.
-
-        Every file's name and size is checked against the manifest first, and its hash (xxh3-128 or SHA-256, as the
-        manifest says) in the same pass that reads it; ``verify=False`` checks only names and sizes.
-        """
-        _check_path(input_dir, "input_dir")
-        return accelerator_state.load_state(self, input_dir, strict=strict, verify=verify, **kwargs)
-
     # Accelerate's private names for the prepared objects, read by some scripts: the same lists as `prepared`'s
     @property
     def _models(self) -> list[nn.Module]:
@@ -854,12 +639,6 @@ class Accelerator(ProcessLayout):
     @property
     def _custom_objects(self) -> list[Any]:
         return self.prepared.custom_objects
-
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader that starts `num_batches` into `dataloader`, skipping at the batch-sampler level."""
-        from strategies.data import skip_first_batches  # lazy: `import trainer.accelerator` does not load strategies.data
-
-        return skip_first_batches(dataloader, num_batches)
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Drop references to prepared objects and empty device caches."""
@@ -963,35 +742,6 @@ def _configure_precision(precision: Any, handlers: KwargsHandlers) -> None:
             configure(**settings)
 
 
-def _check_path(value: Any, name: str) -> None:
-    if value is not None and not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name}={value!r} must be a directory path (str or os.PathLike)")
-
-
-def _check_tensors(data: Any, name: str, instead: str) -> None:
-    """Accelerate's collectives take tensors only (nested in lists, tuples, dicts); anything else is a `TypeError`."""
-    if isinstance(data, torch.Tensor):
-        return
-    if isinstance(data, (list, tuple)):
-        items: Any = enumerate(data)
-    elif isinstance(data, Mapping):  # dicts, and mappings such as transformers' BatchEncoding
-        items = data.items()
-    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
-        items = ((f.name, getattr(data, f.name)) for f in dataclasses.fields(data) if f.init)
-    else:
-        raise TypeError(f"{name}() takes tensors (or lists, tuples and dicts of them), got {type(data).__name__} {data!r:.60}; "
-                        f"use {instead}() for other objects")
-    for _, value in items:
-        _check_tensors(value, name, instead)
-
-
-def _verify(operation: str, data: Any, ndim_only: bool = False) -> None:
-    """Debug mode's check that every process passes the same shapes (`trainer.accelerator.operations.verify_operation`)."""
-    from trainer.accelerator.operations import recursively_apply, verify_operation  # lazy: it loads strategies.data
-
-    verify_operation(operation, data, recursively_apply(lambda t: [t.ndim], data) if ndim_only else None)
-
-
 _RNG_TYPES = ("generator", "torch", "cuda")
 
 
@@ -1039,13 +789,4 @@ def _check_same_length(strategy: Strategy, data_loader: Any) -> None:
 def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
 
-
-def _only_tensors(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, (list, tuple)):
-        return len(data) > 0 and all(_only_tensors(x) for x in data)
-    if isinstance(data, Mapping):
-        return len(data) > 0 and all(_only_tensors(v) for v in data.values())
-    return False
 
