@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from trainer.cli.config import LaunchSettings
 from trainer.cli.launch import describe_failure, launch_settings, patched_environ, stopped_by_agent, worker_environment
+from trainer.cli.settings import LaunchSettings
 
 
 def _refuse_inside_workers(caller: str) -> None:
@@ -287,7 +287,7 @@ def launch_current_script(num_processes: int, **settings: Any) -> NoReturn:
 
     Args:
         num_processes: processes in total.
-        **settings: other launch settings (`trainer.cli.config.LaunchSettings` fields), e.g.
+        **settings: other launch settings (`trainer.cli.settings.LaunchSettings` fields), e.g.
             ``cpu=True, mixed_precision="bf16", strategy="ddp"``.
 
     Raises:

@@ -53,7 +53,6 @@ TEMPORARY_WITHOUT_REASON: dict[tuple[str, str], str] = {}
 # outlives its circle).
 TEMPORARY_CIRCLES: set[frozenset[str]] = {
     frozenset({"strategies.base", "strategies.checkpoint_io", "strategies.checkpoint_process", "strategies.checkpoint_store", "strategies.xla"}),
-    frozenset({"trainer.cli.accelerate_config", "trainer.cli.config"}),
 }
 
 

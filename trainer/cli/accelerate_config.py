@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.cli.config import LaunchSettings
+from trainer.cli.settings import LaunchSettings
 
 # distributed_type -> (strategy, cpu)
 _DISTRIBUTED_TYPES = {

@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from trainer.cli.config import LaunchSettings, add_setting_arguments, default_config_path, resolve_settings
+from trainer.cli.config import add_setting_arguments, default_config_path, resolve_settings
+from trainer.cli.settings import LaunchSettings
 
 DEFAULT_MULTI_NODE_PORT = 29500
 RDZV_FAILURE_EXIT_CODE = 1
