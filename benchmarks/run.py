@@ -25,7 +25,8 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HE
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "nd", "fsdp", "deepspeed", "resume", "memory", "compile")
+SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "nd", "fsdp", "deepspeed", "resume", "elastic", "memory",
+            "compile")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_step,
         data_loading,
         ddp,
+        elastic_resume,
         fsdp,
         import_time,
         memory,
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "async_checkpoint": checkpoint_async, "nd": nd_parallel, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
+               "elastic": elastic_resume,
                "memory": memory, "compile": compile_step}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
     print(header, flush=True)
