@@ -137,3 +137,30 @@ def test_a_job_that_may_grow_from_one_machine_needs_a_known_port() -> None:
 
     with pytest.raises(ValueError, match=r"max_machines=2: .* pass --main_process_port"):
         torchrun_arguments(LaunchSettings(max_machines=2, rdzv_backend="c10d"), "t.py", [])
+
+
+def test_a_deepspeed_checkpoint_of_another_number_of_processes_is_refused_before_anything_loads(tmp_path: object) -> None:
+    """DeepSpeed's ZeRO partitions load only on the count that wrote them: the engine's folder in a checkpoint whose
+    manifest names another count is refused with the reason and the way out, and nothing is loaded."""
+    from pathlib import Path
+
+    from trainer import Accelerator
+
+    folder = Path(str(tmp_path)) / "state"
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    model, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.save_state(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "world_size": 4, "num_processes": 4}))
+    (folder / "deepspeed").mkdir()  # (what strategy='deepspeed' writes its engine's files into)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    changed = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"strategy='deepspeed' on 4 processes and this run has 1: .* Resume on 4 processes"):
+        acc.load_state(folder)
+    assert all(torch.equal(model.state_dict()[k], changed[k]) for k in changed)
+    assert not all(torch.equal(before[k], changed[k]) for k in before)
+    acc.end_training()
