@@ -73,7 +73,7 @@ class TrainBatch:
         self.optimizer_step = self._optimizer_step
         self.check_nonfinite = trainer._args.on_nonfinite is not None  # the opt-in per-batch agreement
         # without it: a device-side flag of the losses trained on, read where the loop synchronizes anyway
-        self.watch_losses = not self.check_nonfinite and not trainer._warned_nonfinite
+        self.watch_losses = not self.check_nonfinite and not trainer.loss_health.warned_nonfinite
         self.optimizer: Any = trainer.optimizers[0] if trainer.optimizers else None
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
@@ -136,8 +136,8 @@ class TrainBatch:
                 "process, or pass Trainer(on_nonfinite='skip') so the processes agree every batch which batches to skip "
                 "(one small all-reduce per batch)"
             )
-        if skip and loss is None and not trainer._warned_skip:
-            trainer._warned_skip = True
+        if skip and loss is None and not trainer.loss_health.warned_skip:
+            trainer.loss_health.warned_skip = True
             warnings.warn(
                 f"training_step returned None for batch {batch_idx} (on at least one process), so every process skipped "
                 "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
@@ -154,7 +154,7 @@ class TrainBatch:
             if loss.dim():
                 check_loss(loss, {})
             if self.watch_losses:
-                trainer.watch_loss(loss)
+                trainer.loss_health.watch(loss)
             self.backward(loss)
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()
@@ -348,8 +348,8 @@ def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
             f"{weights}. Nothing was stepped and saved checkpoints are intact. Lower the learning rate, clip gradients "
             "(gradient_clip_val=...), use bf16 instead of fp16, or Trainer(on_nonfinite='skip') to skip such batches"
         )
-    trainer.nonfinite_skipped += 1
-    if trainer.nonfinite_skipped == 1:
+    trainer.loss_health.skipped += 1
+    if trainer.loss_health.skipped == 1:
         warnings.warn(
             f"the training loss is not finite at {where}; every process skipped the batch (on_nonfinite='skip'). "
             "trainer.nonfinite_skipped counts them; this warning is shown once per fit",

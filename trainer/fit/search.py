@@ -47,17 +47,17 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
     saved = SimpleNamespace(
         callbacks=trainer.callbacks, dispatch=trainer._dispatch, configs=trainer.lr_scheduler_configs,
         max_steps=trainer.max_steps, training=trainer.training, metrics=[dict(m) for m in metrics], batch_idx=0,
-        args=trainer._args, warned=(trainer._warned_skip, trainer._warned_nonfinite, trainer.nonfinite_skipped),
+        args=trainer._args, loss_health=trainer.loss_health.snapshot(),
     )
     # a search drives the loss to diverge on purpose: no on_nonfinite policy stops it (its suggestion skips such points)
     trainer._args = dataclasses.replace(trainer._args, on_nonfinite=None)
-    trainer._warned_nonfinite = True  # (nor is it warned about)
+    trainer.loss_health.warned_nonfinite = True  # (nor is it warned about)
     try:
         yield saved
     finally:
         trainer.callbacks, trainer._dispatch, trainer._args = saved.callbacks, saved.dispatch, saved.args
         trainer.lr_scheduler_configs, trainer.max_steps, trainer.training = saved.configs, saved.max_steps, saved.training
-        trainer._warned_skip, trainer._warned_nonfinite, trainer.nonfinite_skipped = saved.warned
+        trainer.loss_health.restore(saved.loss_health)
         trainer.should_stop = False
         for target, values in zip(metrics, saved.metrics):
             target.clear()

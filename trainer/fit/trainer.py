@@ -44,6 +44,7 @@ from trainer.fit.checkpointing import (
 from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.dispatch import HookDispatcher, order_callbacks, with_module_callbacks
 from trainer.fit.finders import run_finder
+from trainer.fit.loss_health import LossHealth
 from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
 from trainer.fit.plugins import apply_precision_plugin
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
@@ -234,13 +235,8 @@ class Trainer:
         self._train_loader: Any = None
         self._fit_sources: tuple[Any, Any] = (None, None)  # the loaders passed to the running fit (None: the module's/datamodule's)
         self._fit_loaders_stale = False  # a BatchSizeFinder changed the batch size in on_fit_start: build the loaders again
-        self._warned_skip = False  # training_step returned None: warned once per fit
-        self._warned_nonfinite = False  # a non-finite training value was read (logged or shown): warned once per fit
-        # on the device: the sum of the losses trained on (no on_nonfinite policy), non-finite once one of them was;
-        # read only where the loop synchronizes anyway (`warn_if_nonfinite`), so a NaN loss nobody logs is warned about
-        self._loss_total: torch.Tensor | None = None
+        self.loss_health = LossHealth()  # non-finite losses warned about once, skipped batches counted (per fit)
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
-        self.nonfinite_skipped = 0  # batches skipped for a non-finite loss (on_nonfinite="skip")
         # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
         # the on_step values logged in validation_step/test_step, as Lightning's
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
@@ -577,9 +573,7 @@ class Trainer:
         self._epoch_cut_short = 0
         self._release_previous_fit()
         self._fit_sources, self._fit_loaders_stale = (train_dataloaders, val_dataloaders), False
-        self._warned_skip = self._warned_nonfinite = False
-        self._loss_total = None
-        self.nonfinite_skipped = 0
+        self.loss_health.reset()
         self._moves_batches = moves_batches_itself(self)
         val_loaders, built_at = self._fit_loaders(module, train_dataloaders, val_dataloaders), self.current_epoch
         self._configure_optimizers(module)
@@ -933,8 +927,8 @@ class Trainer:
         self.accelerator.strategy.prepare_for_backward(self._model, loss)
         with profile(self, "backward"):
             self.accelerator.backward(loss, **kwargs)
-        if self._args.on_nonfinite is None and not self._warned_nonfinite:
-            self.watch_loss(loss)  # (after the backward, which refuses a loss that is not a scalar)
+        if self._args.on_nonfinite is None and not self.loss_health.warned_nonfinite:
+            self.loss_health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
         self._dispatch.call("on_after_backward")
 
     def step_manual_optimizer(self, optimizer: ManualOptimizer, closure: Callable[[], Any] | None = None) -> None:
@@ -964,38 +958,22 @@ class Trainer:
         self.warn_if_nonfinite(values)
         self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, step)
 
+    @property
+    def nonfinite_skipped(self) -> int:
+        """Batches skipped this fit for a non-finite loss (``on_nonfinite="skip"``)."""
+        return self.loss_health.skipped
+
     def watch_loss(self, loss: torch.Tensor) -> None:
-        """Add a (scalar) loss trained on to a total on its device, without a host read: one NaN or inf loss leaves the
-        total non-finite for `warn_if_nonfinite` to read. One small kernel a step (an isfinite flag would take two)."""
-        if self._loss_total is None:
-            self._loss_total = torch.zeros((), dtype=torch.float32, device=loss.device)
-        self._loss_total.add_(loss.detach())
+        """Add a loss trained on to the device-side total a non-finite loss is found in (`LossHealth.watch`)."""
+        self.loss_health.watch(loss)
 
     def warn_if_nonfinite(self, values: dict[str, float], *, synchronized: bool = False) -> None:
         """Warn once per fit when a training value the loop already read to the host (a logged value going to the
-        trackers, one the progress bar shows) is NaN or inf and no ``on_nonfinite`` policy watches the loss: a loss that
-        is NaN at every step would otherwise train on silently. Where values were read, or where the loop synchronizes
-        anyway (``synchronized``: after a validation, at an epoch's end), the device-side total of the losses trained on
-        (`watch_loss`) is read too, so a non-finite loss nobody logs or shows is warned about. Costs no synchronization
-        of its own."""
-        if self._warned_nonfinite or self._args.on_nonfinite is not None or not self.training or self.sanity_checking:
-            return
-        bad = next(((name, value) for name, value in values.items() if isinstance(value, float) and not math.isfinite(value)), None)
-        if bad is not None:
-            what = f"{bad[0]} is {bad[1]} at step {self.global_step}"
-        elif (values or synchronized) and self._loss_total is not None and not math.isfinite(float(self._loss_total)):
-            what = f"the loss training_step returned was NaN or inf at step {self.global_step} or before"  # (read here, not every step)
-        else:
-            return
-        self._warned_nonfinite = True
-        warnings.warn(
-            f"{what} (epoch {self.current_epoch}): training produces non-finite "
-            "values and the weights may already be NaN. Trainer(on_nonfinite='stop') raises at the first non-finite loss "
-            "(naming the first non-finite parameter), 'skip' skips such batches; lower the learning rate or clip gradients "
-            "(gradient_clip_val=...). This warning is shown once per fit",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        trackers, one the progress bar shows) is NaN or inf and no ``on_nonfinite`` policy watches the loss; where values
+        were read, or where the loop synchronizes anyway (``synchronized``), the device-side total of the losses trained
+        on is read too (`LossHealth.check`). Costs no synchronization of its own."""
+        if self._args.on_nonfinite is None and self.training and not self.sanity_checking:
+            self.loss_health.check(values, synchronized=synchronized, step=self.global_step, epoch=self.current_epoch)
 
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
