@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 _SEGMENT = 64 << 20  # shared memory comes in segments of at least this size (reserved, not touched, until used)
-_ALIGN = 4096
+_ALIGN = 64
 _IDENTS = itertools.count()  # segments are numbered across the stagings of a process (the writer maps them by number)
 
 
@@ -50,12 +50,18 @@ class Segment:
         self.live = 0  # buffers in use
         self.pinned = pin and _pin(self.base, nbytes)
 
-    def take(self, nbytes: int) -> torch.Tensor | None:
+    def take(self, nbytes: int) -> int | None:
+        """The offset of `nbytes` bytes handed out here, or None when they do not fit."""
         begin = -(-self.used // _ALIGN) * _ALIGN
         if begin + nbytes > self.nbytes:
             return None
         self.used, self.live = begin + nbytes, self.live + 1
-        return self.tensor[begin : begin + nbytes]
+        return begin
+
+    def buffer(self, offset: int, nbytes: int) -> torch.Tensor:
+        """`nbytes` bytes at `offset`, as a uint8 tensor with a storage of its own (``torch.save`` writes a tensor's
+        whole storage, and refuses two dtypes on one)."""
+        return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes, offset=offset)
 
     def close(self) -> None:
         if self.pinned:
@@ -177,13 +183,17 @@ class Staging:
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=self._pin and tensor.device.type == "cuda")
         else:
             nbytes = tensor.numel() * tensor.element_size()
-            segment = next((s for s in self.segments.values() if s.take(nbytes) is not None), None)
-            if segment is None:
+            if nbytes == 0:
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
+                self._buffers[key] = buffer
+                return buffer
+            found = next(((s, offset) for s in self.segments.values() if (offset := s.take(nbytes)) is not None), None)
+            if found is None:
                 segment = Segment(next(_IDENTS), max(_SEGMENT, -(-nbytes // _ALIGN) * _ALIGN), self._pin)
                 self.segments[segment.ident] = segment
-                segment.take(nbytes)
-            raw = segment.tensor[segment.used - nbytes : segment.used]
-            buffer = raw.view(tensor.dtype).view(tensor.shape) if nbytes else torch.empty(tensor.shape, dtype=tensor.dtype)
+                found = segment, segment.take(nbytes) or 0
+            segment, offset = found
+            buffer = segment.buffer(offset, nbytes).view(tensor.dtype).view(tensor.shape)
             self._owner[key] = segment
         self._buffers[key] = buffer
         return buffer

@@ -14,7 +14,8 @@ A save, on every process:
 2. copies what it saves out of the training state — for an asynchronous save into reusable host buffers
    (`strategies.checkpoint_staging`), the one part the step waits for;
 3. writes its files into the hidden staging directory ``.<name>.partial`` (`strategies.checkpoint_io.CheckpointWriter`,
-   hashed while written), in the background for an asynchronous save;
+   hashed while written), in the background for an asynchronous save: by this process's checkpoint writer process
+   (`strategies.checkpoint_process`), which reads the staged copy from shared memory;
 4. the processes gather their file entries, process 0 writes ``manifest.json`` and renames the directory into place
    (only when every process's write succeeded), then runs what was queued behind the save (``last.json``, pruning).
 

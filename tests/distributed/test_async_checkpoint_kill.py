@@ -3,12 +3,15 @@
 The killed and the resumed run are real jobs (``python -m tests.distributed.test_async_checkpoint_kill``; ``torchrun``
 for several processes); the uninterrupted reference runs through ``run_distributed``.
 A run saves at steps 3 and 6 (asynchronously) and trains to step 9 (also on a 2×2 mesh: FSDP × tensor parallel on 4
-processes). In the killed run, process 0 SIGKILLs itself
-while its background thread is writing the step-6 checkpoint (an object registered for checkpointing kills the
-process when it is pickled, which happens only in that write). Then:
+processes). In the killed run, process 0 is SIGKILLed while its checkpoint writer process is in the middle of writing
+the step-6 checkpoint: an object registered for checkpointing, when the save pickles it, turns the file it goes into
+into a pipe nobody reads, so the writer blocks inside that file, and kills the process as soon as the writer began
+writing it. In a second scenario the writer process itself is killed there (its trainer reports the failed save at
+its next call and exits with an error). Then:
 
 * the step-6 checkpoint was never committed: its staging directory is there, its directory is not, and the newest
   complete checkpoint is step 3's;
+* no process of the killed run is left (the writer dies with its trainer) and nothing of it stays in ``/dev/shm``;
 * the resumed run (from the newest checkpoint) ends with the same weights, bit for bit, as a run never interrupted;
 * its own next save removed the staging directory the killed write left.
 """
@@ -17,9 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +41,11 @@ CASES = [("accelerator", 1, "single"), ("accelerator", 2, "ddp"), ("accelerator"
          ("trainer", 1, "single"), ("trainer", 2, "ddp"), ("trainer", 2, "fsdp")]
 
 
-def _phase(root: Path, face: str, nproc: int, strategy: str, kill: bool) -> subprocess.CompletedProcess:
-    args = ["-m", "tests.distributed.test_async_checkpoint_kill", str(root), face, strategy, "1" if kill else "0"]
+WRITER_CASES = [("accelerator", 1, "single"), ("trainer", 2, "ddp")]
+
+
+def _phase(root: Path, face: str, nproc: int, strategy: str, kill: str) -> subprocess.CompletedProcess:
+    args = ["-m", "tests.distributed.test_async_checkpoint_kill", str(root), face, strategy, kill or "0"]
     if nproc > 1:
         args = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *args]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
@@ -51,12 +60,29 @@ def _uninterrupted(root: Path, face: str, strategy: str) -> None:
     if int(os.environ["WORLD_SIZE"]) > 1:
         torch.set_num_threads(1)
     os.chdir(root)
-    main(root, face, strategy, kill=False)
+    main(root, face, strategy, kill="")
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("face", "nproc", "strategy"), CASES, ids=[f"{f}-{n}proc-{s}" for f, n, s in CASES])
 def test_kill_during_background_write_resumes_from_the_previous_checkpoint(face: str, nproc: int, strategy: str, tmp_path: Path) -> None:
+    _kill_and_resume(face, nproc, strategy, "trainer", tmp_path)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("face", "nproc", "strategy"), WRITER_CASES, ids=[f"{f}-{n}proc-{s}" for f, n, s in WRITER_CASES])
+def test_killed_writer_process_fails_the_save_and_the_run_resumes_from_the_previous_checkpoint(
+    face: str, nproc: int, strategy: str, tmp_path: Path,
+) -> None:
+    from strategies.checkpoint_process import writer_mode
+
+    if writer_mode() != "process":
+        pytest.skip("asynchronous saves write in a thread of the training process on this platform")
+    killed = _kill_and_resume(face, nproc, strategy, "writer", tmp_path)
+    assert "CheckpointSaveError" in killed.stderr and "writer process" in killed.stderr and "SIGKILL" in killed.stderr, killed.stderr[-3000:]
+
+
+def _kill_and_resume(face: str, nproc: int, strategy: str, kill: str, tmp_path: Path) -> subprocess.CompletedProcess:
     import torch
     from safetensors.torch import load_file
 
@@ -65,39 +91,85 @@ def test_kill_during_background_write_resumes_from_the_previous_checkpoint(face:
     straight, run = tmp_path / "straight", tmp_path / "run"
     straight.mkdir(), run.mkdir()
     run_distributed(_uninterrupted, straight, face, strategy, nprocs=nproc)  # the reference (the launch is not its subject)
-    killed = _phase(run, face, nproc, strategy, kill=True)
+    killed = _phase(run, face, nproc, strategy, kill=kill)
     assert killed.returncode != 0 and not (run / "final.safetensors").exists(), killed.stderr[-3000:]
+    assert _left_running(run) == [], "a process of the killed run (its checkpoint writer) outlived it"
+    if os.path.isdir("/dev/shm"):  # (its shared memory has no name there: nothing may appear)
+        assert [name for name in os.listdir("/dev/shm") if "trainwright" in name] == []
     folder = run / "checkpoints"
     staged = [p.name for p in folder.iterdir() if p.name.endswith(".partial")]
     assert len(staged) == 1, f"expected the killed save's staging directory, found {sorted(p.name for p in folder.iterdir())}"
     newest = newest_in(folder)
     assert newest is not None and newest.name == ("checkpoint_0" if face == "accelerator" else f"step={EVERY}"), newest
     assert not (folder / staged[0][1 : -len(".partial")]).exists()  # the killed checkpoint never got its real name
-    resumed = _phase(run, face, nproc, strategy, kill=False)
+    resumed = _phase(run, face, nproc, strategy, kill="")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _left_running(run) == [], "the checkpoint writer outlived its run"
     assert json.loads((run / "report.json").read_text()) == {"resumed_from": EVERY, "step": TOTAL_STEPS}
     assert not [p.name for p in folder.iterdir() if p.name.endswith(".partial")], "the next save leaves no staging behind"
     want, got = load_file(str(straight / "final.safetensors")), load_file(str(run / "final.safetensors"))
     assert want.keys() == got.keys() and [k for k in want if not torch.equal(want[k], got[k])] == []
+    return killed
+
+
+def _left_running(run: Path, patience: float = 15.0) -> list[str]:
+    """The processes still running in the directory `run` (a finished run's: none), after up to `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        alive = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == run:
+                    alive.append(f"{proc.name}: {(proc / 'cmdline').read_bytes()[:200]!r}")
+            except OSError:  # gone, a zombie, or not ours to look at
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------- the training job
 class _KillWhenPickled:
-    """Pickled only by the background write of a checkpoint: SIGKILLs this process there (after other files were written)."""
+    """Pickled only by the background save of a checkpoint, for the file ``custom_checkpoint_0.bin``: makes that file
+    a pipe nobody reads, so the writer process blocks in the middle of it (the state around it is larger than a pipe
+    holds), and as soon as the writer began writing it, SIGKILLs `target` (``"trainer"``: this process; ``"writer"``:
+    its checkpoint writer). Where the save writes in a thread of this process, this process is killed right here."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
 
     def __deepcopy__(self, memo: Any) -> _KillWhenPickled:  # the step's copy of the state keeps it as it is
         return self
 
     def __reduce__(self) -> Any:
-        os.kill(os.getpid(), signal.SIGKILL)
-        raise AssertionError("unreachable")
+        from strategies.checkpoint_process import running_writer, writer_mode
+
+        if writer_mode() == "thread":
+            os.kill(os.getpid(), signal.SIGKILL)
+        (staging,) = [p for p in (Path.cwd() / "checkpoints").iterdir() if p.name.endswith(".partial")]
+        pipe = staging / "custom_checkpoint_0.bin"
+        os.mkfifo(pipe)
+        reading = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+        writer = running_writer()
+        assert writer is not None and writer.pid
+        victim = os.getpid() if self.target == "trainer" else writer.pid
+
+        def kill_once_written() -> None:
+            poller = select.poll()
+            poller.register(reading, select.POLLIN)
+            while not poller.poll(100):
+                pass
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=kill_once_written, daemon=True).start()
+        return (int, (0,))
 
 
 class Probe:
     """Registered for checkpointing in every phase (so every checkpoint holds the same objects); in the killed run its
-    state at step `KILL_AT` carries the object that kills process 0 in the middle of the write."""
+    state at step `KILL_AT` carries the object that kills process 0 or its writer in the middle of the write."""
 
-    def __init__(self, kill: bool) -> None:
+    def __init__(self, kill: str) -> None:
         self.kill, self.step = kill, 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -105,7 +177,8 @@ class Probe:
 
         state: dict[str, Any] = {"step": torch.tensor(self.step)}
         if self.kill and self.step == KILL_AT and int(os.environ.get("RANK", "0")) == 0:
-            state["bomb"] = _KillWhenPickled()
+            state["bomb"] = _KillWhenPickled(self.kill)
+            state["ballast"] = torch.zeros(1 << 18)  # 1 MB: more than the pipe holds
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -121,7 +194,7 @@ def _data(step: int, rank: int) -> tuple[Any, Any]:
     return x, x.sum(1, keepdim=True)
 
 
-def _accelerator_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, int]:
+def _accelerator_run(root: Path, strategy: str, kill: str) -> tuple[Any, Any, int]:
     import torch
 
     from trainer import Accelerator, ProjectConfiguration
@@ -157,7 +230,7 @@ def _accelerator_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, i
     return accelerator, model, resumed_from
 
 
-def _trainer_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, int]:
+def _trainer_run(root: Path, strategy: str, kill: str) -> tuple[Any, Any, int]:
     import torch
 
     from callbacks.base import Callback
@@ -199,7 +272,7 @@ def _trainer_run(root: Path, strategy: str, kill: bool) -> tuple[Any, Any, int]:
     return trainer.accelerator, module, register.resumed_from
 
 
-def main(root: Path, face: str, strategy: str, kill: bool) -> None:
+def main(root: Path, face: str, strategy: str, kill: str) -> None:
     from safetensors.torch import save_file
 
     run = _accelerator_run if face == "accelerator" else _trainer_run
@@ -211,4 +284,4 @@ def main(root: Path, face: str, strategy: str, kill: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] if sys.argv[4] != "0" else "")

@@ -137,3 +137,53 @@ def test_model_checkpoint_async_save_writes_last_json_after_the_commit(tmp_path:
 def test_bad_async_arguments_are_refused(make: Any, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make()
+
+
+# ------------------------------------------------------------------------------- the checkpoint writer process
+def test_the_writer_process_writes_the_bytes_a_synchronous_save_writes(tmp_path: Path) -> None:
+    """The background write goes through the writer process (another process, mapping the staging's anonymous shared
+    memory), and its files are byte for byte those of a synchronous save of the same state: each tensor once, not
+    the shared memory around it."""
+    import json
+    import signal
+    import time
+
+    from strategies.checkpoint_process import running_writer, writer_mode
+
+    if writer_mode() != "process":
+        pytest.skip("asynchronous saves write in a thread of the training process on this platform")
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _prepared(accelerator)
+    _train(accelerator, model, optimizer, 2)
+    accelerator.save_state(tmp_path / "sync")
+    accelerator.save_state(tmp_path / "async", async_save=True).result()
+    files = [json.loads((tmp_path / name / "manifest.json").read_text())["files"] for name in ("sync", "async")]
+    assert files[0] == files[1]
+    writer = running_writer()
+    assert writer is not None and writer.pid not in (0, os.getpid())
+    maps = Path(f"/proc/{writer.pid}/maps").read_text()
+    assert "memfd:trainwright-staging" in maps and "libtorch" not in maps  # the staging, mapped; no torch there
+    os.kill(writer.pid, signal.SIGKILL)  # a writer that died between saves is replaced by the next save
+    deadline = time.monotonic() + 30
+    while writer.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _train(accelerator, model, optimizer, 1)
+    assert accelerator.save_state(tmp_path / "again", async_save=True).result() == str(tmp_path / "again")
+    assert running_writer() not in (None, writer)
+    accelerator.end_training()
+
+
+def test_the_writer_can_be_a_thread_and_a_wrong_choice_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINWRIGHT_CHECKPOINT_WRITER", "fork")
+    with pytest.raises(ValueError, match=r"TRAINWRIGHT_CHECKPOINT_WRITER='fork' is not a checkpoint writer; choose one of 'process', 'thread'"):
+        Accelerator(cpu=True)
+    monkeypatch.setenv("TRAINWRIGHT_CHECKPOINT_WRITER", "thread")
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _prepared(accelerator)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    pending = accelerator.save_state(tmp_path / "a", async_save=True)
+    _train(accelerator, model, optimizer, 2)
+    pending.result()
+    accelerator.load_state(tmp_path / "a")
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    accelerator.end_training()
