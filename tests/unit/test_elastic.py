@@ -164,3 +164,28 @@ def test_a_deepspeed_checkpoint_of_another_number_of_processes_is_refused_before
     assert all(torch.equal(model.state_dict()[k], changed[k]) for k in changed)
     assert not all(torch.equal(before[k], changed[k]) for k in before)
     acc.end_training()
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_an_iterable_data_sets_position_is_taken_in_steps_on_another_number_of_processes(dispatch: bool) -> None:
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(torch.arange(60).tolist())
+
+    def shards(processes: int) -> list:
+        return [prepare_data_loader(DataLoader(Stream(), batch_size=12 // processes), num_processes=processes, process_index=rank,
+                                    dispatch_batches=dispatch) for rank in range(processes)]
+
+    def steps(loaders: list, count: int) -> list[list[int]]:
+        iterators = [iter(loader) for loader in loaders]
+        return [sorted(i for it in iterators for i in next(it).tolist()) for _ in range(count)]
+
+    straight = steps(shards(2), 5)
+    interrupted = shards(2)
+    steps(interrupted, 2)
+    loaders = shards(3)
+    for loader in loaders:
+        loader.load_state_dict(json.loads(json.dumps(interrupted[0].state_dict())))
+    assert steps(loaders, 3) == straight[2:]
