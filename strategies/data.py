@@ -374,15 +374,20 @@ class DataLoaderShard(DataLoader):
         (`strategies.sharding`), so a run resumed on N' processes sees exactly the samples the interrupted one would have
         seen, provided the global batch ``G`` stays the same: each process then takes ``G / N'`` samples a step.
 
+        A position at the start of an epoch is the epoch's first sample for any loader: it is taken whatever the batch.
+
         Raises:
-            ValueError: the global batch differs (the message gives the per-process batch size that keeps it), or the
-                loader deals a custom batch sampler's batches round-robin (their position depends on the process count).
+            ValueError: mid-epoch, the global batch differs (the message gives the per-process batch size that keeps
+                it), or the loader deals a custom batch sampler's batches round-robin (their position depends on the
+                process count).
         """
         batches: int = state_dict["batches_yielded"]
         saved_total, saved_processes = state_dict.get("total_batch_size"), state_dict.get("num_processes")
         shard, total = self._shard, self.total_batch_size
         if saved_total is None or saved_processes is None or shard is None or total is None:
             return batches  # (a state without the global position: written before it was recorded)
+        if batches == 0 and not state_dict.get("samples"):
+            return 0  # at an epoch's start: its first sample, whatever the batch (a batch size search restores it so)
         processes = shard.num_processes
         if saved_total != total:
             raise ValueError(_global_batch_message(int(saved_total), int(saved_processes), total, processes, shard.split_batches))

@@ -49,7 +49,9 @@ def test_a_position_taken_on_some_processes_resumes_on_others_at_the_same_sample
 
 
 def test_another_global_batch_is_refused_with_the_batch_size_that_keeps_it() -> None:
-    state = _shards(2)[0].state_dict()
+    saved = _shards(2)
+    _steps(saved, 1)
+    state = saved[0].state_dict()
     three = prepare_data_loader(DataLoader(_data(), batch_size=6, shuffle=True), num_processes=3, process_index=0, seed=3)
     with pytest.raises(ValueError, match=r"took 12 samples a step over 2 processes, this one takes 18 over 3; .*batch_size=4 \(12 / 3"):
         three.load_state_dict(state)
@@ -70,7 +72,9 @@ def test_a_custom_batch_sampler_position_is_refused_on_another_number_of_process
         batches = Batches(RandomSampler(_data()), batch_size=12 // processes, drop_last=False)
         return prepare_data_loader(DataLoader(_data(), batch_sampler=batches), num_processes=processes, process_index=0)
 
-    state = loader(2).state_dict()  # type: ignore[attr-defined]
+    saved = loader(2)
+    next(iter(saved))  # type: ignore[call-overload]
+    state = saved.state_dict()  # type: ignore[attr-defined]
     loader(2).load_state_dict(state)  # type: ignore[attr-defined]  (the same number: fine)
     with pytest.raises(ValueError, match=r"Batches\) is dealt to the processes whole batch by whole batch.*resume on 2 processes"):
         loader(3).load_state_dict(state)  # type: ignore[attr-defined]
@@ -189,3 +193,16 @@ def test_an_iterable_data_sets_position_is_taken_in_steps_on_another_number_of_p
     for loader in loaders:
         loader.load_state_dict(json.loads(json.dumps(interrupted[0].state_dict())))
     assert steps(loaders, 3) == straight[2:]
+
+
+def test_a_position_at_the_start_of_an_epoch_is_taken_with_any_batch() -> None:
+    """Between epochs the position is the next epoch's first sample for any loader (a batch size search restores the
+    run's start with loaders of the size it found)."""
+    saved = _shards(2)
+    for _ in saved[0]:
+        pass
+    state = saved[0].state_dict()
+    assert state["batches_yielded"] == 0 and state["epoch"] == 1
+    other = prepare_data_loader(DataLoader(_data(), batch_size=5, shuffle=True), num_processes=3, process_index=0, seed=3)
+    other.load_state_dict(state)
+    assert other.epoch == 1 and len(list(other)) == len(other)
