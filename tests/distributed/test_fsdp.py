@@ -225,8 +225,7 @@ def test_fsdp_sharded_checkpoint_resumes_bitwise_and_loads_on_one_process(tmp_pa
     acc = Accelerator(cpu=True)
     model = Net()
     model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01))
-    with pytest.warns(UserWarning, match="written by 2 processes and this run has 1: the sharded weights and optimizer states are resharded"):
-        acc.load_state(str(state))
+    acc.load_state(str(state))  # (no warning: the loader positions are global, the RNG states derived; docs/elastic.md)
     saved = first[0]["saved_weights"]
     assert [k for k in saved if not torch.equal(model.state_dict()[k], saved[k])] == []
     names = [name for name, _ in model.named_parameters()]
