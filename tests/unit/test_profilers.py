@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pstats
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,10 @@ def test_advanced_profiler_gives_cprofile_stats_per_action(tmp_path: Path, capsy
     _fit(tmp_path, profiler)
     out = capsys.readouterr().out
     assert "Profile stats for: training_step" in out and "Profile stats for: optimizer_step" in out
-    assert "Ordered by: cumulative time" in out and "mse_loss" in out
-    assert (tmp_path / "fit-training_step.prof").exists()
+    assert "Ordered by: cumulative time" in out
+    # the step's own code is in its stats (the printed top 5 by cumulative time depend on the machine's timings)
+    stats = pstats.Stats(str(tmp_path / "fit-training_step.prof"))
+    assert any(name == "mse_loss" for _, _, name in stats.stats)  # type: ignore[attr-defined]
     assert profiler.profiled_actions == {}  # released after describe
 
 

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import inspect
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,10 +36,11 @@ import torch
 from callbacks.base import overrides
 from trainer.accelerator.stepper import check_loss
 from trainer.fit.module import TrainModule
-from trainer.fit.profiler import timed
+from trainer.fit.profiler import profile, timed
 from trainer.fit.transfer import transfer_batch
 
 if TYPE_CHECKING:
+    from trainer.fit.module import ManualOptimizer
     from trainer.fit.profiler import Profiler
     from trainer.fit.trainer import Trainer
 
@@ -57,7 +59,7 @@ class TrainBatch:
         self.agreement = trainer.agreement
         self.module = module = trainer.attached_module
         self.results = trainer._results
-        strategy, model = acc.strategy, trainer._model
+        strategy, model = acc.strategy, trainer.model
         self.models = [model]
         # the step, through the wrapper's forward when the strategy needs its hooks (DDP, FSDP), else the method itself
         redirect = strategy.redirects_forward(model, module)
@@ -91,7 +93,7 @@ class TrainBatch:
         """Run one batch (`last`: the epoch's last, which ends an accumulation window); return False when the
         processes agreed at its end to stop."""
         trainer, progress, hooks = self.trainer, self.progress, self.hooks
-        if trainer._moves_batches:
+        if trainer.loaders.moves_batches:
             batch = transfer_batch(trainer, batch, 0)
         self.results.begin_batch(batch, "train", True)  # step_context
         if "on_train_batch_start" in hooks:
@@ -382,3 +384,36 @@ def _loss_of(output: Any) -> torch.Tensor | None:
         f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' key, or None to skip the batch"
     )
 
+
+# manual optimization ------------------------------------------------------------------------------------
+def manual_backward(trainer: Trainer, loss: torch.Tensor, **kwargs: Any) -> None:
+    """``TrainModule.manual_backward``: backward between ``on_before_backward``/``on_after_backward``, as in automatic
+    optimization.
+
+    The step ran outside the wrapper's forward, so the strategy arms its gradient sync first.
+    """
+    trainer._dispatch.call("on_before_backward", loss)
+    trainer.accelerator.strategy.prepare_for_backward(trainer.model, loss)
+    with profile(trainer, "backward"):
+        trainer.accelerator.backward(loss, **kwargs)
+    if trainer.args.on_nonfinite is None and not trainer.loss_health.warned_nonfinite:
+        trainer.loss_health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
+    trainer._dispatch.call("on_after_backward")
+
+
+def step_manual_optimizer(trainer: Trainer, optimizer: ManualOptimizer, closure: Callable[[], Any] | None = None) -> None:
+    """``opt.step(closure)`` in manual optimization: ``on_before_optimizer_step(opt)`` on the callbacks and the module,
+    the prepared optimizer's step, and one more `global_step`, as in Lightning. With a `closure` the hook runs after it
+    (inside the optimizer's step), as Lightning's precision plugin does."""
+    dispatch = trainer._dispatch
+    if closure is None:
+        dispatch.call("on_before_optimizer_step", optimizer)
+        optimizer.optimizer.step()
+    else:
+        def closure_then_hook() -> Any:
+            result = closure()
+            dispatch.call("on_before_optimizer_step", optimizer)
+            return result
+
+        optimizer.optimizer.step(closure=closure_then_hook)
+    trainer.fit_progress.global_step += 1

@@ -68,18 +68,18 @@ class _Search:
         """Ask the module (or datamodule) for the loaders again, built with the size now set."""
         trainer = self.trainer
         if self.stage == "fit":
-            self.val_loaders = trainer._fit_loaders(self.module, None, None, reload=True)
-            trainer.num_training_batches = loops.num_batches(trainer._train_loader)  # Lightning's limit_train_batches=1.0
-            trainer._val_limits = [min(self.steps_per_trial, n) for n in trainer._val_limits]
+            self.val_loaders = trainer.loaders.build_fit(self.module, None, None, reload=True)
+            trainer.num_training_batches = loops.num_batches(trainer.loaders.train)  # Lightning's limit_train_batches=1.0
+            trainer.loaders.val_limits = [min(self.steps_per_trial, n) for n in trainer.loaders.val_limits]
         else:
             kind = {"validation": "val"}.get(self.stage, self.stage)
-            self.eval_loaders = [trainer._eval_loader(loader) for loader in loops.loader_from(self.module, kind, None, required=True)]
+            self.eval_loaders = [trainer.loaders.eval_loader(loader) for loader in loops.loader_from(self.module, kind, None, required=True)]
 
     def dataset_length(self) -> int | None:
         """The samples in the loaders (Lightning's ``_dataset_length``: the sum over loaders); None for streams."""
         trainer = self.trainer
         if self.stage == "fit":
-            loader = trainer._train_loader
+            loader = trainer.loaders.train
             parts = list(loader.flattened) if hasattr(loader, "flattened") else [loader]
         else:
             parts = self.eval_loaders
@@ -147,7 +147,7 @@ def scale_batch_size(
         _collect_garbage()
         trainer.max_steps = max_steps
     if stage == "fit":  # the run goes on with loaders of the size found (the restored position is the run's start)
-        trainer._fit_loaders_stale = True
+        trainer.loaders.stale = True
     log.info(f"Finished batch size finder, will continue with full run using batch size {size}")
     return size
 
@@ -156,7 +156,7 @@ def _check(trainer: Trainer, module: TrainModule, stage: str, batch_arg_name: st
     if trainer.world_size > 1:
         raise ValueError(f"the batch size finder runs in one process (this run has {trainer.world_size}), as Lightning's")
     kind = {"fit": "train", "validate": "val"}.get(stage, stage)
-    given = trainer._fit_sources[0] if stage == "fit" else None
+    given = trainer.loaders.sources[0] if stage == "fit" else None
     if given is not None or (trainer.datamodule is None and not overrides(module, f"{kind}_dataloader", TrainModule)):
         raise ValueError(
             "the batch size finder builds the loaders again for every size, from the module's or datamodule's "

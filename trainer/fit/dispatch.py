@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback, overrides
 from callbacks.events import ALL_EVENTS
+from trainer.fit.module import TrainModule
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
@@ -159,3 +160,19 @@ def _callbacks_then_module(event: str, callbacks: list[tuple[Callback, Callable[
                 raise
 
     return fire
+
+
+def refuse_hooks_not_called(module: TrainModule) -> None:
+    """Lightning hooks this Trainer never calls: a module overriding one is refused rather than run without it."""
+    if overrides(module, "backward", TrainModule):
+        raise NotImplementedError(
+            f"{type(module).__name__} defines backward(loss, ...), a Lightning hook this Trainer does not call: the backward "
+            "(loss scaling, gradient sync, a DeepSpeed engine's step) belongs to the strategy. Move its work to "
+            "on_before_backward/on_after_backward, or use manual optimization (self.manual_backward(loss, ...))"
+        )
+    if overrides(module, "on_validation_model_zero_grad", TrainModule):
+        raise NotImplementedError(
+            f"{type(module).__name__} defines on_validation_model_zero_grad(), a Lightning hook this Trainer does not call: "
+            "validation leaves the gradients alone (it may run inside an accumulation window). Zero them in "
+            "on_validation_start if you need to"
+        )

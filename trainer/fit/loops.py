@@ -68,7 +68,7 @@ def sanity_check(trainer: Trainer, val_loaders: list[Any]) -> None:
     saved = [dict(d) for d in stores]
     trainer.sanity_checking = True
     trainer._dispatch.call("on_sanity_check_start")
-    limits = trainer._val_limits
+    limits = trainer.loaders.val_limits
     steps = limits if trainer.num_sanity_val_steps == -1 else [min(trainer.num_sanity_val_steps, n) for n in limits]
     eval_loop(trainer, "validation", val_loaders, steps)
     trainer._dispatch.call("on_sanity_check_end")
@@ -96,7 +96,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
             _validate(trainer, val_loaders)
         _close_stepping_batch(progress)
         return _next_epoch(trainer, update_plateau=False)
-    loader = trainer._train_loader
+    loader = trainer.loaders.train
     stream = math.isinf(num_batches(loader))
     batches = _train_batches(trainer, start)
     # the module's modes are the user's: no .train() here (Lightning's); an evaluation restores the modes it found
@@ -142,7 +142,7 @@ def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> bool:
     """Validate during fit; returns the stop the processes agree on after it (early stopping decides there)."""
     trainer.fit_progress.validation_pending = False  # a checkpoint written during the validation is past it
     with profile(trainer, "validation"):
-        eval_loop(trainer, "validation", val_loaders or [], trainer._val_limits)  # puts the module back in its modes
+        eval_loop(trainer, "validation", val_loaders or [], trainer.loaders.val_limits)  # puts the module back in its modes
     trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on so far, read after the validation synchronized
     return trainer.agreement.agree(trainer)
 
@@ -178,7 +178,7 @@ def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[
 
 def _train_batches(trainer: Trainer, start: int) -> Any:
     """An iterator over this epoch's training batches, starting after the `start` already done (resume)."""
-    loader = trainer._train_loader
+    loader = trainer.loaders.train
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(trainer.current_epoch)
     if isinstance(loader, CombinedLoader):  # (batch, batch_idx, dataloader_idx): the step gets the combined batch
@@ -228,7 +228,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     step = getattr(module, f"{stage}_step")
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
-    strategy, wrapped = trainer.accelerator.strategy, trainer._model
+    strategy, wrapped = trainer.accelerator.strategy, trainer.model
     through = strategy.sharded
     gathered: Any = contextlib.nullcontext()
     if through and trainer.world_size > 1:

@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from callbacks.base import Callback, overrides
+from callbacks.base import Callback
 from callbacks.view import ValidationSchedule
 from strategies.abilities import Engine
-from strategies.checkpoint_io import load_weights, rng_kept
+from strategies.checkpoint_io import load_weights
 from strategies.checkpoint_store import CheckpointSaveError, CheckpointStore
-from strategies.compile import recompile_with, unwrap_compiled
-from trainer.fit import loops, preemption
+from trainer.fit import batch, loops, preemption
 from trainer.fit.agreement import LoopAgreement
 from trainer.fit.args import TrainerArgs, build_accelerator, build_profiler, check_arguments, default_callbacks, launch_processes
 from trainer.fit.checkpointing import (
@@ -41,11 +40,12 @@ from trainer.fit.checkpointing import (
     trainer_parts,
     verify_checkpoint,
 )
-from trainer.fit.combined_loader import CombinedLoader
-from trainer.fit.dispatch import HookDispatcher, order_callbacks, with_module_callbacks
+from trainer.fit.dispatch import HookDispatcher, order_callbacks, refuse_hooks_not_called, with_module_callbacks
 from trainer.fit.finders import run_finder
+from trainer.fit.loaders import RunLoaders, one_data_source, one_or_list
 from trainer.fit.loss_health import LossHealth
-from trainer.fit.module import LRSchedulerConfig, TrainModule, parse_optimizers
+from trainer.fit.model_setup import ModelSetup
+from trainer.fit.module import LRSchedulerConfig, TrainModule
 from trainer.fit.plugins import apply_precision_plugin
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
 from trainer.fit.progress import LoopProgress
@@ -229,19 +229,13 @@ class Trainer:
         self.num_test_batches: int | float | list[int | float] = 0
         self.num_predict_batches: int | float | list[int | float] = 0
         self.lightning_module: TrainModule | None = None
-        self._model: Any = None
-        self._prepared_for: int | None = None
-        self._compile_ctx: Any = None  # the dynamo context of a torch.compile(module) passed to fit/validate/...
-        self._train_loader: Any = None
-        self._fit_sources: tuple[Any, Any] = (None, None)  # the loaders passed to the running fit (None: the module's/datamodule's)
-        self._fit_loaders_stale = False  # a BatchSizeFinder changed the batch size in on_fit_start: build the loaders again
+        self.model_setup = ModelSetup(self)  # the module as the strategy set it up, its optimizers
+        self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
         self.loss_health = LossHealth()  # non-finite losses warned about once, skipped batches counted (per fit)
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
         # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
         # the on_step values logged in validation_step/test_step, as Lightning's
         self._eval_batches_seen: dict[tuple[str, int], int] = {}
-        self._val_limits: list[int | float] = []  # validation batches per loader of the running fit
-        self._moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
         self.profiler: Profiler | None = build_profiler(args.profiler)
         if args.benchmark is not None:
             torch.backends.cudnn.benchmark = args.benchmark
@@ -275,6 +269,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ attributes
     @property
+    def args(self) -> TrainerArgs:
+        """The checked constructor arguments (`trainer.fit.args.TrainerArgs`), read-only."""
+        return self._args
+
+    @property
     def module(self) -> TrainModule | None:
         """The user's module (unwrapped)."""
         return self.lightning_module
@@ -285,6 +284,11 @@ class Trainer:
         if self.lightning_module is None:
             raise RuntimeError("no module is attached to this Trainer; call fit/validate/test/predict with a TrainModule first")
         return self.lightning_module
+
+    @property
+    def model(self) -> Any:
+        """The module as the strategy wrapped it (DDP, FSDP, DeepSpeed's engine) in the running or last run; Lightning's."""
+        return self.model_setup.model
 
     @property
     def accelerator(self) -> Accelerator:
@@ -418,7 +422,7 @@ class Trainer:
     @property
     def train_dataloader(self) -> Any:
         """The training loader of the running ``fit`` (prepared: sharded, on the device), None outside one; Lightning's."""
-        return self._train_loader
+        return self.loaders.train
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -508,8 +512,8 @@ class Trainer:
         is refused (so are the same in `validate`, `test` and `predict`).
         """
         check_weights_only(weights_only, "fit")
-        _one_data_source(datamodule, train_dataloaders, val_dataloaders)
-        module = self._unwrap_compiled(model)
+        one_data_source(datamodule, train_dataloaders, val_dataloaders)
+        module = self.model_setup.unwrap_compiled(model)
         if self._accelerator is None:
             launch_processes(self._args)
         if self.profiler is not None:  # files named by rank when there are several (Lightning: by local rank)
@@ -532,7 +536,7 @@ class Trainer:
         """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics (`verbose`: also printed
         as a table, on the main process, as Lightning's)."""
         check_weights_only(weights_only, "validate")
-        _one_data_source(datamodule, dataloaders)
+        one_data_source(datamodule, dataloaders)
         results = cast(list[dict[str, float]], self._run("validate", model, lambda: self._evaluate("validation", dataloaders, ckpt_path), datamodule))
         if verbose and results and self.is_global_zero:  # None: a batch-size search ended the run
             loops.print_results(results, "validate")
@@ -545,7 +549,7 @@ class Trainer:
         """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics (`verbose`: also printed as a
         table, on the main process, as Lightning's)."""
         check_weights_only(weights_only, "test")
-        _one_data_source(datamodule, dataloaders)
+        one_data_source(datamodule, dataloaders)
         results = cast(list[dict[str, float]], self._run("test", model, lambda: self._evaluate("test", dataloaders, ckpt_path), datamodule))
         if verbose and results and self.is_global_zero:  # None: a batch-size search ended the run
             loops.print_results(results, "test")
@@ -563,7 +567,7 @@ class Trainer:
         check_weights_only(weights_only, "predict")
         if return_predictions not in (None, True, False):
             raise TypeError(f"predict(..., return_predictions={return_predictions!r}) must be None, True or False")
-        _one_data_source(datamodule, dataloaders)
+        one_data_source(datamodule, dataloaders)
         keep = return_predictions is not False
         return cast("list[Any] | None", self._run("predict", model, lambda: self._evaluate("predict", dataloaders, ckpt_path, keep), datamodule))
 
@@ -571,18 +575,18 @@ class Trainer:
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
         self.fit_progress.reset()
         self._epoch_cut_short = 0
-        self._release_previous_fit()
-        self._fit_sources, self._fit_loaders_stale = (train_dataloaders, val_dataloaders), False
+        self.model_setup.release_previous_fit()
+        self.loaders.sources, self.loaders.stale = (train_dataloaders, val_dataloaders), False
         self.loss_health.reset()
-        self._moves_batches = moves_batches_itself(self)
-        val_loaders, built_at = self._fit_loaders(module, train_dataloaders, val_dataloaders), self.current_epoch
-        self._configure_optimizers(module)
+        self.loaders.moves_batches = moves_batches_itself(self)
+        val_loaders, built_at = self.loaders.build_fit(module, train_dataloaders, val_dataloaders), self.current_epoch
+        self.model_setup.configure_optimizers(module)
         self._restore(ckpt_path)
         if self._args.reload_dataloaders_every_n_epochs and self.current_epoch != built_at:
-            val_loaders = self._reload_resumed(module, train_dataloaders, val_dataloaders)
+            val_loaders = self.loaders.reload_resumed(module, train_dataloaders, val_dataloaders)
         self._dispatch.call("on_fit_start")
-        if self._fit_loaders_stale:  # a BatchSizeFinder set a new batch size (trainer.fit.batch_size_scaling)
-            val_loaders, self._fit_loaders_stale = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True), False
+        if self.loaders.stale:  # a BatchSizeFinder set a new batch size (trainer.fit.batch_size_scaling)
+            val_loaders, self.loaders.stale = self.loaders.build_fit(module, train_dataloaders, val_dataloaders, reload=True), False
         module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
         if val_loaders and self.num_sanity_val_steps != 0 and self.global_step == 0:
             loops.sanity_check(self, val_loaders)
@@ -594,7 +598,7 @@ class Trainer:
         last_reload = self.current_epoch - self.current_epoch % reload_every if reload_every else 0
         while not loops.fit_done(self):
             if reload_every and self.current_epoch - last_reload >= reload_every and self.fit_progress.batches_done_in_epoch == 0:
-                val_loaders, last_reload = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
+                val_loaders, last_reload = self.loaders.build_fit(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
             with profile(self, "run_training_epoch"):
                 loops.train_epoch(self, val_loaders)
             if preemption.due(self):
@@ -603,133 +607,6 @@ class Trainer:
         self._epoch_cut_short = int(self.fit_progress.batches_done_in_epoch > 0)  # open only when max_steps ended it
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
-
-    def _fit_loaders(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, *, reload: bool = False) -> list[Any] | None:
-        """Prepare the train loader (``self._train_loader``) and return the validation loaders of a fit.
-
-        `reload` (``reload_dataloaders_every_n_epochs``): ask the module/DataModule for them again and replace the
-        train loader in the checkpointed loader states.
-        """
-        given = loops.loader_from(module, "train", train_dataloaders, required=True)
-        combined = given if isinstance(given, CombinedLoader) else None  # several loaders: each prepared as one would be
-        parts = list(combined.flattened) if combined is not None else [given]
-        length = loops.num_batches(given)
-        if math.isinf(length) and combined is not None:
-            raise ValueError(
-                "a CombinedLoader of training loaders needs loaders with a length (one has none: an IterableDataset without "
-                "__len__); give its data set a __len__, or train on that loader alone"
-            )
-        if math.isinf(length):  # a stream: a fraction of its epoch is unknown (Lightning's rule), refused before any work
-            loops.refuse_fraction("limit_train_batches", self._args.limit_train_batches)
-            loops.refuse_fraction("val_check_interval", self.val_check_interval)
-        for part in parts:
-            if loops.num_batches(part) == 0:
-                raise ValueError(
-                    f"the train dataloader has no batches (dataset of {len(part.dataset)} samples, batch_size={part.batch_size}, "
-                    f"drop_last={part.drop_last}); fit would take 0 steps. Pass a non-empty dataset, a smaller batch_size, or drop_last=False"
-                )
-        if self._args.overfit_batches:
-            parts = [loops.unshuffled(part, "train") for part in parts]
-        if reload:
-            old = self._train_loader
-            for part in old.flattened if isinstance(old, CombinedLoader) else [old]:
-                self.accelerator.prepared.forget(part)
-        prepared = [self.accelerator.prepare_data_loader(part, device_placement=not self._moves_batches, shard=self._args.use_distributed_sampler)
-                    for part in parts]
-        if combined is not None:
-            combined.flattened = prepared
-        self._train_loader = combined if combined is not None else prepared[0]
-        self.num_training_batches = loops.limit_batches(
-            loops.num_batches(self._train_loader), self._args.limit_train_batches, "limit_train_batches"
-        )
-        if self.num_training_batches == 0:
-            warnings.warn(f"limit_train_batches={self._args.limit_train_batches!r} leaves no training batch: fit only validates", stacklevel=4)
-        val_loaders = self._fit_val_loaders(module, val_dataloaders)
-        limit = self._args.limit_val_batches
-        self._val_limits = [loops.limit_batches(loops.num_batches(loader), limit, "limit_val_batches") for loader in val_loaders or []]
-        self.num_val_batches = _one_or_list(self._val_limits)
-        return val_loaders
-
-    def _release_previous_fit(self) -> None:
-        """A later ``fit`` of this Trainer (after ``Tuner.lr_find``, or to train on) starts clean: the optimizers, schedulers
-        and train loader the previous one prepared leave the accelerator, so checkpoints hold this fit's alone."""
-        old = self._train_loader
-        schedulers = [config.scheduler for config in self.lr_scheduler_configs]
-        parts = list(old.flattened) if isinstance(old, CombinedLoader) else [old] if old is not None else []
-        self.accelerator.prepared.forget(*self.optimizers, *schedulers, *parts)
-        self.optimizers, self.lr_scheduler_configs, self._train_loader = [], [], None
-
-    def _reload_resumed(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any) -> list[Any] | None:
-        """A resumed fit with ``reload_dataloaders_every_n_epochs``: ask for the loaders again at the restored epoch (after
-        the restore, as Lightning does), keeping the restored position and the restored RNGs (the uninterrupted run drew
-        nothing here)."""
-        position = self._train_loader.state_dict() if hasattr(self._train_loader, "state_dict") else None
-        with rng_kept():
-            val_loaders = self._fit_loaders(module, train_dataloaders, val_dataloaders, reload=True)
-        if position is not None and hasattr(self._train_loader, "load_state_dict"):
-            self._train_loader.load_state_dict(position)
-        return val_loaders
-
-    def _fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
-        """The sharded validation loaders of a fit, or None when there is nothing to validate."""
-        val = loops.loader_from(module, "val", val_dataloaders, required=False) if overrides(module, "validation_step", TrainModule) else None
-        if val_dataloaders is not None and val is None:
-            warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
-        limit = self._args.limit_val_batches
-        if val is not None and all(loops.limit_batches(loops.num_batches(loader), limit, "limit_val_batches") == 0 for loader in val):
-            val = None  # decided from the unsharded loaders, so every process agrees (a process may hold no batch)
-        if val is not None and self._args.overfit_batches:
-            val = [loops.unshuffled(loader, "val") for loader in val]
-        return [self._eval_loader(loader) for loader in val] if val is not None else None
-
-    def _configure_optimizers(self, module: TrainModule) -> None:
-        """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
-        strategy = self.accelerator.strategy
-        joint = isinstance(strategy, Engine)  # an engine (DeepSpeed) takes the module and its optimizer in one setup
-        if joint and self._prepared_for == id(module):
-            raise RuntimeError(
-                f"strategy={strategy.name!r} set this module up in an earlier fit; its engine cannot take new optimizers. "
-                "Use a new Trainer and a fresh module (or TrainModule.load_from_checkpoint) for another fit"
-            )
-        if not joint and self._prepared_for != id(module):
-            self._sync_batchnorm(module)
-            self._model, self._prepared_for = self._prepare(module), id(module)
-        optimizers, configs = parse_optimizers(module.configure_optimizers())
-        if module.automatic_optimization and len(optimizers) != 1:
-            raise ValueError(
-                f"automatic optimization needs exactly one optimizer, configure_optimizers returned {len(optimizers)}; "
-                "set self.automatic_optimization = False and step them in training_step (see docs/trainer.md)"
-            )
-        if joint:
-            self._sync_batchnorm(module)
-            strategy.agree_clipping(self.gradient_clip_val, self.gradient_clip_algorithm)
-            prepared = self._prepare(module, *optimizers)
-            self._model, self._prepared_for = prepared[0], id(module)
-            self.optimizers = list(prepared[1:])
-        else:
-            self.optimizers = [self.accelerator.prepare_optimizer(o) for o in optimizers]
-        for config in configs:  # prepared so that checkpoints hold their state; stepped by the loop itself
-            self.accelerator.prepare_scheduler(config.scheduler)
-        self.lr_scheduler_configs = configs
-
-    def _prepare(self, module: TrainModule, *optimizers: Any) -> Any:
-        """`Accelerator.prepare` of the module (and, for an engine, its optimizers), compiled after it when asked."""
-        prepared = self.accelerator.prepare(module, *optimizers)
-        if self._compile_ctx is not None:  # fit(torch.compile(module)): the same compile, applied after sharding
-            recompile_with(module, self._compile_ctx)
-        return prepared
-
-    def _unwrap_compiled(self, module: Any) -> Any:
-        """``torch.compile(module)`` is accepted as Lightning does: the `TrainModule` runs, its forward compiled after setup."""
-        module, ctx = unwrap_compiled(module)
-        if ctx is not None and self._args.compile is not None:
-            raise ValueError(
-                "the module passed is compiled (torch.compile) and this Trainer was built with compile=...: pick one; pass the "
-                "plain module to compile it as the Trainer's compile= says, after the strategy set it up"
-            )
-        if ctx is not None:
-            self._compile_ctx = ctx
-        return module
 
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Build the model inside this block, where the strategy wants it (Lightning's ``Trainer.init_module``).
@@ -747,28 +624,6 @@ class Trainer:
         context: AbstractContextManager[Any] = self.accelerator.strategy.module_init_context(empty_init)
         return context
 
-    def _configure_model(self, module: TrainModule) -> None:
-        """Lightning's ``configure_model`` hook, once per run before the module is set up, in the strategy's init context."""
-        legacy = overrides(module, "configure_sharded_model", TrainModule)
-        if legacy and overrides(module, "configure_model", TrainModule):
-            raise RuntimeError(f"{type(module).__name__} defines both configure_model and configure_sharded_model (its old, "
-                               "deprecated name); keep configure_model only")
-        if legacy:
-            warnings.warn(f"{type(module).__name__}.configure_sharded_model is deprecated (as in Lightning); rename it to "
-                          "configure_model", DeprecationWarning, stacklevel=2)
-        elif not overrides(module, "configure_model", TrainModule):
-            return
-        with self.accelerator.strategy.module_init_context():
-            if legacy:
-                module.configure_sharded_model()
-            else:
-                module.configure_model()
-
-    def _sync_batchnorm(self, module: TrainModule) -> None:
-        """``sync_batchnorm``: BatchNorm layers become SyncBatchNorm (in place) before the module is wrapped; one process: nothing."""
-        if self._args.sync_batchnorm and self.world_size > 1:
-            torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
-
     def _restore(self, ckpt_path: str | None) -> None:
         path = resolve_ckpt_path(self, ckpt_path)
         if path is not None:
@@ -778,25 +633,19 @@ class Trainer:
     def _evaluate(self, stage: str, dataloaders: Any, ckpt_path: str | None, keep_predictions: bool = True) -> Any:
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
-        self._moves_batches = moves_batches_itself(self)
-        loaders = [self._eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
+        self.loaders.moves_batches = moves_batches_itself(self)
+        loaders = [self.loaders.eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
         name = f"limit_{kind}_batches"
         limits = [loops.limit_batches(loops.num_batches(loader), getattr(self._args, name), name) for loader in loaders]
-        setattr(self, f"num_{kind}_batches", _one_or_list(limits))
-        if self._prepared_for != id(module) and isinstance(self.accelerator.strategy, Engine):
+        setattr(self, f"num_{kind}_batches", one_or_list(limits))
+        if self.model_setup.prepared_for != id(module) and isinstance(self.accelerator.strategy, Engine):
             # before any fit: an engine set up now could not take the optimizers of a later fit, so evaluate the plain module
-            self._model = self.accelerator.strategy.setup_module(module, wrap=False)
-        elif self._prepared_for != id(module):
-            self._model, self._prepared_for = self._prepare(module), id(module)
+            self.model_setup.model = self.accelerator.strategy.setup_module(module, wrap=False)
+        elif self.model_setup.prepared_for != id(module):
+            self.model_setup.model, self.model_setup.prepared_for = self.model_setup.prepare(module), id(module)
         if ckpt_path is not None:
             self._load_weights(ckpt_path)
         return loops.eval_loop(self, stage, loaders, limits, keep_predictions=keep_predictions)
-
-    def _eval_loader(self, loader: Any) -> Any:
-        """Shard an evaluation loader without padding (every sample seen once), outside the checkpointed loaders."""
-        return self.accelerator.prepare_data_loader(
-            loader, device_placement=not self._moves_batches, even_batches=False, register=False, shard=self._args.use_distributed_sampler
-        )
 
     def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
@@ -814,7 +663,7 @@ class Trainer:
                 f"trainer.{stage}() cannot start the {self._args.devices} processes this Trainer asks for; call trainer.fit() "
                 "first (it re-runs the script on every process), or start the script with `trainer launch` or torchrun"
             )
-        module = self._unwrap_compiled(module) if module is not None else self.lightning_module
+        module = self.model_setup.unwrap_compiled(module) if module is not None else self.lightning_module
         if not isinstance(module, TrainModule):
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
@@ -825,11 +674,11 @@ class Trainer:
             self.agreement.signals.install(keep_user_handlers=True, first_wins=True)
         self.datamodule = datamodule
         try:
-            self._prepare_data(module, datamodule)
+            self.loaders.prepare_data(module, datamodule)
             if datamodule is not None:
-                self._setup_datamodule(datamodule, setup_stage)
+                self.loaders.setup_datamodule(datamodule, setup_stage)
             self._dispatch.call("setup", setup_stage)
-            self._configure_model(module)
+            self.model_setup.configure_model(module)
             try:
                 result = body()
             except TunerExit:  # a Tuner's search ran in the run's start hook, and the run ends there (trainer.fit.search)
@@ -858,28 +707,6 @@ class Trainer:
             if save_error is not err:
                 warnings.warn(str(save_error), stacklevel=2)
 
-    def _prepare_data(self, module: TrainModule, datamodule: Any) -> None:
-        """Lightning's ``prepare_data``: the datamodule's, then the module's (when it defines one), each on local rank 0
-        of each machine, or on global rank 0 only where its ``prepare_data_per_node`` is False; the others wait."""
-        own = overrides(module, "prepare_data", TrainModule)
-        if datamodule is None and not own:
-            return
-
-        def preparing(owner: Any) -> bool:
-            return self.local_rank == 0 if getattr(owner, "prepare_data_per_node", True) else self.global_rank == 0
-
-        if datamodule is not None and preparing(datamodule):
-            datamodule.trainer = self
-            datamodule.prepare_data()
-        if own and preparing(module):
-            module.prepare_data()
-        if self.world_size > 1:
-            self.accelerator.wait_for_everyone()  # the others wait for the data rank 0 of their machine prepared
-
-    def _setup_datamodule(self, datamodule: Any, stage: str) -> None:
-        datamodule.trainer = self
-        datamodule.setup(stage)
-
     def _teardown(self, stage: str) -> None:
         if self.datamodule is not None:  # Lightning's order: the datamodule, the callbacks, the module
             self.datamodule.teardown(stage)
@@ -904,7 +731,7 @@ class Trainer:
                 f"(got {self.accumulate_grad_batches}, {self.gradient_clip_val}); accumulate and clip in training_step "
                 "(self.clip_gradients(opt, ...)) or use automatic optimization"
             )
-        _refuse_hooks_not_called(module)
+        refuse_hooks_not_called(module)
         self.callbacks = with_module_callbacks(self.callbacks, module.configure_callbacks())
         self._results.reset()
         if self.profiler is not None:
@@ -918,35 +745,12 @@ class Trainer:
         return run_finder(self, finder, module)
 
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``TrainModule.manual_backward``: backward between ``on_before_backward``/``on_after_backward``, as in automatic
-        optimization.
-
-        The step ran outside the wrapper's forward, so the strategy arms its gradient sync first.
-        """
-        self._dispatch.call("on_before_backward", loss)
-        self.accelerator.strategy.prepare_for_backward(self._model, loss)
-        with profile(self, "backward"):
-            self.accelerator.backward(loss, **kwargs)
-        if self._args.on_nonfinite is None and not self.loss_health.warned_nonfinite:
-            self.loss_health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
-        self._dispatch.call("on_after_backward")
+        """``TrainModule.manual_backward``: backward between its hooks, as in automatic optimization (`batch.manual_backward`)."""
+        batch.manual_backward(self, loss, **kwargs)
 
     def step_manual_optimizer(self, optimizer: ManualOptimizer, closure: Callable[[], Any] | None = None) -> None:
-        """``opt.step(closure)`` in manual optimization: ``on_before_optimizer_step(opt)`` on the callbacks and the module,
-        the prepared optimizer's step, and one more `global_step`, as in Lightning. With a `closure` the hook runs after it
-        (inside the optimizer's step), as Lightning's precision plugin does."""
-        dispatch = self._dispatch
-        if closure is None:
-            dispatch.call("on_before_optimizer_step", optimizer)
-            optimizer.optimizer.step()
-        else:
-            def closure_then_hook() -> Any:
-                result = closure()
-                dispatch.call("on_before_optimizer_step", optimizer)
-                return result
-
-            optimizer.optimizer.step(closure=closure_then_hook)
-        self.fit_progress.global_step += 1
+        """``opt.step(closure)`` in manual optimization, with its hooks and one more `global_step` (`batch.step_manual_optimizer`)."""
+        batch.step_manual_optimizer(self, optimizer, closure)
 
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
         """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
@@ -978,22 +782,6 @@ class Trainer:
     def _dispatch_for_trackers(self) -> HookDispatcher:
         return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
 
-def _refuse_hooks_not_called(module: TrainModule) -> None:
-    """Lightning hooks this Trainer never calls: a module overriding one is refused rather than run without it."""
-    if overrides(module, "backward", TrainModule):
-        raise NotImplementedError(
-            f"{type(module).__name__} defines backward(loss, ...), a Lightning hook this Trainer does not call: the backward "
-            "(loss scaling, gradient sync, a DeepSpeed engine's step) belongs to the strategy. Move its work to "
-            "on_before_backward/on_after_backward, or use manual optimization (self.manual_backward(loss, ...))"
-        )
-    if overrides(module, "on_validation_model_zero_grad", TrainModule):
-        raise NotImplementedError(
-            f"{type(module).__name__} defines on_validation_model_zero_grad(), a Lightning hook this Trainer does not call: "
-            "validation leaves the gradients alone (it may run inside an accumulation window). Zero them in "
-            "on_validation_start if you need to"
-        )
-
-
 def _barebones_log(name: str, *args: Any) -> None:
     """``self.log`` under ``Trainer(barebones=True)``: nothing is logged (Lightning's warning, once per name)."""
     warnings.warn(f"self.log({name!r}, ...) does nothing under Trainer(barebones=True): logging is turned off there", stacklevel=3)
@@ -1006,15 +794,3 @@ def _no_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
 if TYPE_CHECKING:
     def _satisfies_the_view(trainer: Trainer) -> TrainerView:
         return trainer  # mypy checks here that a Trainer has everything callbacks and the module may use
-
-
-def _one_or_list(limits: list[int | float]) -> int | float | list[int | float]:
-    """``num_val_batches`` and friends: the count of one loader (0 without any), or one count per loader."""
-    return limits[0] if len(limits) == 1 else (limits or 0)
-
-
-def _one_data_source(datamodule: Any, *loaders: Any) -> None:
-    if datamodule is not None and any(loader is not None for loader in loaders):
-        raise ValueError("pass either dataloaders or datamodule=, not both; the datamodule's *_dataloader() methods give the loaders")
-    if datamodule is not None and not all(hasattr(datamodule, m) for m in ("setup", "train_dataloader", "prepare_data")):
-        raise TypeError(f"datamodule must be a trainer.DataModule, got {type(datamodule).__name__}; subclass trainer.DataModule")
