@@ -193,7 +193,10 @@ def test_optimizer_step_warmup_and_configure_gradient_clipping(tmp_path: Path) -
     out = run_script("optimizer_step_warmup.py", tmp_path)
     for run, (global_step, epoch, weight, bias, seen) in _WARMUP_LIGHTNING.items():
         assert (out[run]["global_step"], out[run]["epoch"]) == (global_step, epoch), run
-        assert out[run]["weight"] == pytest.approx(weight, rel=1e-6) and out[run]["bias"] == pytest.approx(bias, rel=1e-6), run
+        # abs as well: the bias ends near 0 (-0.019), where another CPU's kernels moved it by 4.3e-8 (2.2e-6 relative;
+        # measured with ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE, docs/testing.md); each step's lr is checked below
+        close = {"rel": 1e-6, "abs": 1e-6}
+        assert out[run]["weight"] == pytest.approx(weight, **close) and out[run]["bias"] == pytest.approx(bias, **close), run
         assert len(out[run]["seen"]) == global_step, run
         for got, expected in zip(out[run]["seen"], seen):
             assert [g if e is None or isinstance(e, bool) else pytest.approx(g, rel=1e-6) for g, e in zip(got, expected)] == expected, run
