@@ -8,11 +8,14 @@ checkpoint process; PyTorch's ``AsyncCheckpointerType.PROCESS``):
 
 * the step copies the state into shared memory (`strategies.checkpoint_staging.Staging` with ``shared=True``; the
   writer maps the same memory, so nothing is copied twice);
-* the store's background thread runs the save's write function against a `Recorder`, which notes each file (name,
-  kind, what goes in it), and hands the list to the writer process as one job: the tensors travel as places in the
-  shared memory, the rest as a small pickle. The thread then waits (without the interpreter lock) for the reply;
-* the writer process writes and hashes each file into the checkpoint's staging directory, flushes them to disk, and
-  replies with their sizes and digests. The training process commits (manifest, rename) as before, only once every
+* the store's background thread runs the save's write function against a `Recorder`, which produces each file
+  (``torch.save``, safetensors, JSON) into a `Sink`: the headers and pickles as bytes, each tensor's bytes as their
+  place in the shared memory (what those writers write of a tensor is its memory itself, so nothing big is copied
+  or hashed here). The list goes to the writer process as one job, and the thread waits for the reply without the
+  interpreter lock;
+* the writer process (no torch: only the standard library and the hash) writes each file from those pieces into
+  the checkpoint's staging directory, hashing it on the way, flushes them to disk, and replies with their sizes
+  and digests. The training process commits (manifest, rename) as before, only once every
   process's write succeeded; a writer never commits, so a dead trainer commits nothing.
 
 The writer does not outlive its trainer: it is killed by the kernel when the thread that started it ends
@@ -21,8 +24,9 @@ trainer holds (closed by the kernel when the trainer dies, however it dies). Its
 nothing stays in ``/dev/shm`` after either one is killed. If the writer dies, the save in flight fails with the
 writer's exit status (raised by the next call, as any failed save) and the next save starts a new writer.
 
-Sharded states (``torch.distributed.checkpoint``, FSDP) are written by DCP in the training process's background
-thread as before: DCP's writes are collective, planned over the training processes' own group.
+Sharded states (``torch.distributed.checkpoint``, FSDP): DCP plans and agrees across the processes in the background
+thread (its steps are collective, over the save's own group), and the files it produces are written by the writer
+like the others (`strategies.dcp_storage.RecordingWriter`): its shard files are ``torch.save``s of the staged shards.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ if TYPE_CHECKING:
 
 MODES = ("process", "thread")
 _ENV = "TRAINWRIGHT_CHECKPOINT_WRITER"
-_START_TIMEOUT = 300.0  # s: importing torch on a loaded machine
+_START_TIMEOUT = 300.0  # s: starting an interpreter on a loaded machine
 
 
 def writer_mode() -> str:
@@ -112,6 +116,9 @@ class Sink:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def done(self) -> list[bytes | tuple[int, int, int]]:
         self._flush_small()
         return self.pieces
@@ -162,7 +169,18 @@ class Recorder:
         self.save_safetensors(name, tensors, metadata=meta)
 
     def save_dcp(self, name: str, state: dict[str, Any]) -> None:
-        self.writer.save_dcp(name, state)
+        """DCP plans and agrees with the other processes here (collective, over the save's group); the files it
+        produces (this process's shards, process 0's ``.metadata``) go to the writer process like the others."""
+        import torch.distributed.checkpoint as dcp
+
+        from strategies.checkpoint_io import without_zip_crc
+        from strategies.dcp_storage import RecordingWriter
+
+        storage = RecordingWriter(self.staging / name, lambda: Sink(self.staging_memory))
+        with without_zip_crc():  # (DCP torch.saves each item into its shard file)
+            dcp.save(state, storage_writer=storage, process_group=self.group)
+        for path, sink in storage.recorded.items():
+            self.jobs.append(("file", path.relative_to(self.staging).as_posix(), sink.done(), sink.size))
 
     def hash_written(self, names: list[str]) -> None:
         self.jobs.append(("written", names, None, 0))

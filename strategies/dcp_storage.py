@@ -16,6 +16,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -74,6 +75,59 @@ class HashingWriter(FileSystemWriter):
     def written(self) -> dict[Path, tuple[int, str]]:
         """Absolute path -> (size, digest) of every file this process wrote."""
         return dict(self._hashing.written)
+
+
+class _RecordingFileSystem(FileSystem):
+    """DCP's local file system whose written files are not written here: each is kept as what `open_sink()` returned
+    (`recorded`: path -> sink, in the order written), for the checkpoint writer process to write
+    (`strategies.checkpoint_process`). Reads, folders and everything else are the disk's."""
+
+    def __init__(self, open_sink: Callable[[], Any]) -> None:
+        self.open_sink = open_sink
+        self.recorded: dict[Path, Any] = {}
+        self._lock = threading.Lock()  # DCP may write from several threads (thread_count > 1)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        sink = self.open_sink()
+        yield sink
+        with self._lock:
+            self.recorded[Path(path)] = sink
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        with self._lock:  # ".metadata.tmp" -> ".metadata"
+            if Path(path) in self.recorded:
+                self.recorded[Path(new_path)] = self.recorded.pop(Path(path))
+                return
+        super().rename(path, new_path)
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        return Path(path) in self.recorded or super().exists(path)
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        with self._lock:
+            if self.recorded.pop(Path(path), None) is not None:
+                return
+        super().rm_file(path)
+
+
+class RecordingWriter(FileSystemWriter):
+    """DCP's `FileSystemWriter` (one file per process) whose files are kept as sinks (`recorded`) instead of written:
+    DCP plans and agrees with the other processes here, the bytes are written elsewhere."""
+
+    def __init__(self, path: str | os.PathLike[str], open_sink: Callable[[], Any]) -> None:
+        super().__init__(path, sync_files=False)
+        self._recording = _RecordingFileSystem(open_sink)
+        self.fs = self._recording
+
+    @property
+    def recorded(self) -> dict[Path, Any]:
+        """Absolute path -> sink of every file this process would have written, in the order written."""
+        return dict(self._recording.recorded)
 
 
 class _CheckingFileSystem(FileSystem):

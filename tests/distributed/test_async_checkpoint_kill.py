@@ -18,6 +18,7 @@ its next call and exits with an error). Then:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -49,7 +50,10 @@ def _phase(root: Path, face: str, nproc: int, strategy: str, kill: str) -> subpr
     if nproc > 1:
         args = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *args]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
-    return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    # (its output goes to files: a process it leaves behind holding a pipe must not stall this wait, but fail the test)
+    with open(root / "stdout.txt", "w") as out, open(root / "stderr.txt", "w") as err:
+        done = subprocess.run([sys.executable, *args], cwd=root, env=env, stdout=out, stderr=err, timeout=300)
+    return subprocess.CompletedProcess(done.args, done.returncode, (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text())
 
 
 def _uninterrupted(root: Path, face: str, strategy: str) -> None:
@@ -92,8 +96,13 @@ def _kill_and_resume(face: str, nproc: int, strategy: str, kill: str, tmp_path: 
     straight.mkdir(), run.mkdir()
     run_distributed(_uninterrupted, straight, face, strategy, nprocs=nproc)  # the reference (the launch is not its subject)
     killed = _phase(run, face, nproc, strategy, kill=kill)
-    assert killed.returncode != 0 and not (run / "final.safetensors").exists(), killed.stderr[-3000:]
-    assert _left_running(run) == [], "a process of the killed run (its checkpoint writer) outlived it"
+    try:
+        assert killed.returncode != 0 and not (run / "final.safetensors").exists(), killed.stderr[-3000:]
+        assert _left_running(run) == [], "a process of the killed run (its checkpoint writer) outlived it"
+    finally:
+        if (run / "holder.pid").exists():  # (what kept the pipe open, outside the run)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int((run / "holder.pid").read_text()), signal.SIGKILL)
     if os.path.isdir("/dev/shm"):  # (its shared memory has no name there: nothing may appear)
         assert [name for name in os.listdir("/dev/shm") if "trainwright" in name] == []
     folder = run / "checkpoints"
@@ -150,6 +159,11 @@ class _KillWhenPickled:
         pipe = staging / "custom_checkpoint_0.bin"
         os.mkfifo(pipe)
         reading = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+        if self.target == "trainer":  # another process holds the pipe open too: the writer stays blocked when this one dies
+            holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(pipe)], cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+            assert holder.stdout is not None and holder.stdout.readline()
+            (Path.cwd() / "holder.pid").write_text(str(holder.pid))
         writer = running_writer()
         assert writer is not None and writer.pid
         victim = os.getpid() if self.target == "trainer" else writer.pid
@@ -163,6 +177,9 @@ class _KillWhenPickled:
 
         threading.Thread(target=kill_once_written, daemon=True).start()
         return (int, (0,))
+
+
+_HOLD = "import os, sys, time; os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK); print(flush=True); time.sleep(300)"
 
 
 class Probe:
