@@ -6,8 +6,8 @@ A run saves at steps 3 and 6 (asynchronously) and trains to step 9 (also on a 2Ã
 processes). In the killed run, process 0 is SIGKILLed while its checkpoint writer process is in the middle of writing
 the step-6 checkpoint: an object registered for checkpointing, when the save pickles it, turns the file it goes into
 into a pipe nobody reads, so the writer blocks inside that file, and kills the process as soon as the writer began
-writing it. In a second scenario the writer process itself is killed there (its trainer reports the failed save at
-its next call and exits with an error). Then:
+writing it. In a second scenario (the Trainer on 2 DDP processes) process 0's writer process itself is killed there:
+both processes report the failed save at their next call and exit with an error. Then:
 
 * the step-6 checkpoint was never committed: its staging directory is there, its directory is not, and the newest
   complete checkpoint is step 3's;
@@ -42,7 +42,7 @@ CASES = [("accelerator", 1, "single"), ("accelerator", 2, "ddp"), ("accelerator"
          ("trainer", 1, "single"), ("trainer", 2, "ddp"), ("trainer", 2, "fsdp")]
 
 
-WRITER_CASES = [("accelerator", 1, "single"), ("trainer", 2, "ddp")]
+WRITER_CASES = [("trainer", 2, "ddp")]  # (the agreement of several processes on a failed write; the Trainer face)
 
 
 def _phase(root: Path, face: str, nproc: int, strategy: str, kill: str) -> subprocess.CompletedProcess:
