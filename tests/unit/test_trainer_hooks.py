@@ -413,3 +413,31 @@ def test_manual_optimization_batch_order_is_lightnings(tmp_path: Any) -> None:
         "closure", "cb.on_before_optimizer_step", "module.on_before_optimizer_step", "optimizer.step",
         "cb.on_train_batch_end", "module.on_train_batch_end",
     ]
+
+
+def test_an_unknown_event_name_is_an_error_not_a_silent_no_op() -> None:
+    # before, dispatch.call("on_trian_start") fired nothing and said nothing
+    dispatch = HookDispatcher(None, TrainModule, [Callback()], owner=None)
+    for fire in (dispatch.call, dispatch.call_callbacks, dispatch.call_module, dispatch.caller, dispatch.has):
+        with pytest.raises(ValueError, match="no event is called 'on_trian_start'; did you mean 'on_train_start'"):
+            fire("on_trian_start")
+    dispatch.call("on_train_start")  # a known event without hooks: nothing to do, no error
+
+
+def test_every_event_the_code_fires_by_name_is_declared() -> None:
+    """The literal names passed to the dispatcher anywhere in trainer/ and callbacks/ (read from the source)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    methods = {"call", "caller", "call_callbacks", "call_module", "has"}
+    fired = set()
+    for path in [*(root / "trainer").rglob("*.py"), *(root / "callbacks").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods
+                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                    and "dispatch" in ast.unparse(node.func.value)):
+                fired.add((node.args[0].value, f"{path.relative_to(root)}:{node.lineno}"))
+    assert len(fired) >= 15  # the scan finds the literal calls (names built at run time are checked when fired)
+    unknown = sorted(where for name, where in fired if name not in ALL_EVENTS)
+    assert not unknown, unknown

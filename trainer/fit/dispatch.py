@@ -28,8 +28,20 @@ from trainer.fit.module import TrainModule
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
 
+_EVENTS = frozenset(ALL_EVENTS)
+
 MODULE_FIRST = frozenset({"on_load_checkpoint"})
 """Events whose module hook runs before the callbacks' (Lightning restores the module's part first)."""
+
+
+def check_event(event: str) -> None:
+    """An event name not in `callbacks.events.ALL_EVENTS` is a `ValueError` (it would fire nothing, silently)."""
+    if event not in _EVENTS:
+        import difflib
+
+        close = difflib.get_close_matches(event, ALL_EVENTS, n=1)
+        raise ValueError(f"no event is called {event!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                         + " (the events are callbacks.events.ALL_EVENTS)")
 
 
 def add_note(err: BaseException, note: str) -> None:
@@ -84,18 +96,24 @@ class HookDispatcher:
 
     def has(self, event: str) -> bool:
         """True when at least one object overrides `event` (lets callers skip building arguments)."""
-        return event in self._module_hooks or event in self._callback_hooks
+        if event in self._module_hooks or event in self._callback_hooks:
+            return True
+        check_event(event)
+        return False
 
     def call(self, event: str, *args: Any) -> None:
         """Fire `event`: each callback's hook with ``(owner, module, *args)``, then the module's with ``*args``
         (the module's first for the events of `MODULE_FIRST`)."""
         if event in self._callback_hooks or event in self._module_hooks:
             self._fire(event, "all")(*args)
+        else:
+            check_event(event)
 
     def caller(self, event: str) -> Callable[..., None] | None:
         """A function firing `event` as `call` does, for an event fired every batch of the coming training epoch:
         its hooks are looked up now, and a callback's hook it declares idle for the epoch (``idle_batch_hooks``,
         e.g. `ModelCheckpoint`'s per-batch hook when it saves by epoch only) is left out. None when no hook is left."""
+        check_event(event)
         owner = self.owner
         callbacks = [(cb, hook) for cb, hook in self._callback_hooks.get(event, ()) if event not in cb.idle_batch_hooks(owner)]
         module_hook = self._module_hooks.get(event)
@@ -108,11 +126,15 @@ class HookDispatcher:
         monitor a metric (``Callback.monitors_metrics``)."""
         if event in self._callback_hooks:
             self._fire(event, {None: "callbacks", True: "monitoring", False: "not monitoring"}[monitoring])(*args)
+        else:
+            check_event(event)
 
     def call_module(self, event: str, *args: Any) -> None:
         """Fire `event` on the module only (the loop reduces epoch metrics around the module's epoch-end hooks)."""
         if event in self._module_hooks:
             self._fire(event, "module")(*args)
+        else:
+            check_event(event)
 
     def _fire(self, event: str, which: str) -> Callable[..., None]:
         """The function firing `event` on `which` hooks: "all", "module", "callbacks", "monitoring", "not monitoring"."""
