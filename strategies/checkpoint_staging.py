@@ -114,8 +114,8 @@ class Staging:
             self._drop(key)
         self._used.clear()
         if self.shared:
-            live = sum(s.used for s in self.segments.values() if s.live)
-            wasted = sum(s.nbytes for s in self.segments.values()) - live
+            live = self.nbytes()
+            wasted = sum(s.nbytes for s in self.segments.values()) - live  # (dropped buffers' bytes, unused room)
             if wasted > max(live, _SEGMENT):  # a layout that keeps changing: start over at the next save
                 self._compact = True
 

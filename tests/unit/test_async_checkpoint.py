@@ -187,3 +187,27 @@ def test_the_writer_can_be_a_thread_and_a_wrong_choice_is_refused(tmp_path: Path
     accelerator.load_state(tmp_path / "a")
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     accelerator.end_training()
+
+
+def test_shared_staging_reuses_its_buffers_and_returns_what_a_changing_layout_leaves() -> None:
+    from strategies.checkpoint_staging import Staging, shared_memory_available
+
+    if not shared_memory_available():
+        pytest.skip("no memfd_create on this platform")
+    staging = Staging(shared=True)
+    state = {"w": torch.randn(1000), "step": torch.tensor(3)}
+    first = staging.copy("s", state)
+    staging.finish()
+    staging.begin()
+    again = staging.copy("s", state)
+    staging.finish()
+    assert again["w"].data_ptr() == first["w"].data_ptr() and torch.equal(again["w"], state["w"])
+    assert first["w"].untyped_storage().nbytes() == 4000  # a storage of its own (torch.save writes whole storages)
+    for n in range(10):  # a tensor that grows every save: the old buffers' room is given back
+        staging.begin()
+        staging.copy("s", {"w": torch.zeros((n + 1) << 20)})
+        staging.finish()
+    reserved = sum(segment.nbytes for segment in staging.segments.values())
+    assert reserved <= 2 * staging.nbytes() + (64 << 20), (reserved, staging.nbytes())
+    staging.close()
+    assert staging.segments == {} and staging.released
