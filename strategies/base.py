@@ -41,6 +41,9 @@ class Strategy:
     name: str = "base"
     precision_class: type[Precision] = Precision
     sharded: bool = False
+    # the processes' `DeviceMesh` once `setup_environment` built one (FSDP2 and the N-D meshes: named dimensions,
+    # `strategies.mesh`; Lightning's ModelParallelStrategy: its two), else None
+    device_mesh: Any = None
     # where a checkpoint's optimizer states are read to (None: this strategy's device); `optimizer.load_state_dict` then
     # moves them next to their parameters. XLA reads to "cpu": torch.load cannot restore a storage onto an XLA device
     load_location: str | None = None

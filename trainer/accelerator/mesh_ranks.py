@@ -21,7 +21,7 @@ class MeshRanks(ProcessLayout):
     @property
     def torch_device_mesh(self) -> Any:
         """The device mesh with named dimensions (``dp_replicate``, ``dp_shard``, ``tp``, flattened ``dp``), or None."""
-        return getattr(self.strategy, "device_mesh", None) if self._parallelism_config is not None else None
+        return self.strategy.device_mesh if self._parallelism_config is not None else None
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:

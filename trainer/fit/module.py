@@ -256,8 +256,7 @@ class TrainModule(nn.Module):
     def device_mesh(self) -> Any:
         """The strategy's device mesh (Lightning's): ``ModelParallelStrategy``'s ``"data_parallel"`` × ``"tensor_parallel"``,
         or FSDP's named mesh; None outside a run or for a strategy without one. ``configure_model`` parallelizes with it."""
-        strategy = self._trainer.accelerator.strategy if self._trainer is not None else None
-        return getattr(strategy, "device_mesh", None)
+        return self._trainer.accelerator.strategy.device_mesh if self._trainer is not None else None
 
     @property
     def global_step(self) -> int:
