@@ -525,6 +525,10 @@ class DeepSpeedStrategy(Strategy, Engine):
             return
         engine = self.engine
         engine_files = [name for name in reader.expected or {} if name.startswith(f"{store.DEEPSPEED_DIR}/")]
+        saved_world = reader.manifest.get("world_size", self.world_size) if reader.manifest else self.world_size
+        if int(saved_world) != self.world_size:
+            self._load_resharded(reader, engine_files, int(saved_world), optimizers, strict)
+            return
         # the files that no engine reads, checked by the process that saved them (no second agreement at the end): the
         # engine's recovery scripts, and the exported weights
         unread = [name for name in _owned(engine_files, self.rank) if not _reads(name, self.rank)]
@@ -545,6 +549,54 @@ class DeepSpeedStrategy(Strategy, Engine):
                 if name not in reader.checked:
                     reader.read(name)
 
+    def _load_resharded(
+        self, reader: checkpoint_io.CheckpointReader, engine_files: list[str], saved_world: int,
+        optimizers: list[torch.optim.Optimizer], strict: bool,
+    ) -> None:
+        """Load an engine checkpoint written by `saved_world` processes on this run's number: process 0 checks every
+        engine file against the manifest, converts the checkpoint to DeepSpeed's universal format (each parameter's
+        fp32 weights and optimizer states whole, ``deepspeed.checkpoint.ds_to_universal``) in a hidden folder beside it,
+        and every engine loads its new partitions from there (``checkpoint: {load_universal: true}``); the folder is
+        removed afterwards. The weights and optimizer states are the saved ones, bit for bit."""
+        engine, path = self.engine, reader.directory
+        if self.zero_stage not in (1, 2, 3):
+            raise checkpoint_io.CheckpointError(
+                f"checkpoint {str(path)!r} was written by {saved_world} processes and this run has {self.world_size}: "
+                f"DeepSpeed's states are resharded from ZeRO stages 1-3 only (this run: zero_stage={self.zero_stage}); "
+                f"resume on {saved_world} processes"
+            )
+        universal = path.parent / f".{path.name}.universal"
+        problem = None
+        if self.rank == 0:
+            try:
+                for name in engine_files:
+                    reader.read(name)  # (checked before DeepSpeed unpickles any of it)
+                _to_universal(path / store.DEEPSPEED_DIR / _TAG, universal / _TAG)
+            except Exception as err:  # any process's failure, raised on every process below
+                problem = f"{type(err).__name__}: {err}"
+        problem = self.broadcast_object(problem, 0)
+        try:
+            if problem is not None:
+                raise checkpoint_io.CheckpointError(
+                    f"cannot reshard the DeepSpeed checkpoint {str(path)!r} of {saved_world} processes to {self.world_size}: {problem}"
+                )
+            engine._config.load_universal_checkpoint = True
+            try:
+                loaded, _ = engine.load_checkpoint(
+                    str(universal), tag=_TAG, load_module_strict=strict, load_optimizer_states=bool(optimizers),
+                    load_lr_scheduler_states=engine.lr_scheduler is not None,
+                )
+            finally:
+                engine._config.load_universal_checkpoint = False
+            if loaded is None:
+                raise checkpoint_io.CheckpointError(f"DeepSpeed found no universal checkpoint in {str(universal)!r}")
+        finally:
+            self.barrier()
+            if self.rank == 0:
+                import shutil
+
+                shutil.rmtree(universal, ignore_errors=True)
+
     def teardown(self) -> None:
         self.engine = None
         deepspeed = sys.modules.get("deepspeed")
@@ -557,6 +609,21 @@ class DeepSpeedStrategy(Strategy, Engine):
 
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(zero_stage={self.zero_stage}, device={self.device}, world_size={self.world_size}, precision={self.precision.mode!r})"
+
+
+def _to_universal(source: Path, target: Path) -> None:
+    """DeepSpeed's ``ds_to_universal`` of the engine checkpoint folder `source` into `target` (its output kept quiet),
+    with the state a plain model's checkpoint lacks injected (``--inject_missing_state``)."""
+    import argparse
+    import shutil
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    shutil.rmtree(target.parent, ignore_errors=True)  # (a conversion a crash left behind)
+    args = argparse.Namespace(input_folder=str(source), output_folder=str(target), num_extract_workers=1, num_merge_workers=1,
+                              keep_temp_folder=False, strict=True, inject_missing_state=True)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+        ds_to_universal.main(args)
 
 
 def _owned(names: list[str], rank: int) -> list[str]:

@@ -199,16 +199,18 @@ def resolve_load_dir(accelerator: Accelerator, input_dir: str | os.PathLike | No
 
 
 def _check_process_count(accelerator: Accelerator, reader: io.CheckpointReader, manifest: dict[str, Any]) -> None:
-    """Refuse, before anything is loaded, what this run cannot resume exactly: a DeepSpeed engine's partitions written by
-    another number of processes, or loader positions its loaders cannot take (another global batch)."""
+    """Refuse, before anything is loaded, what this run cannot resume exactly: a DeepSpeed engine's partitions of another
+    number of processes under another strategy (`strategy='deepspeed'` reshards them), or loader positions its loaders
+    cannot take (another global batch)."""
     path, world = reader.directory, accelerator.num_processes
     saved = manifest.get("world_size", manifest.get("num_processes"))
-    if saved is not None and int(saved) != world and (path / store.DEEPSPEED_DIR).is_dir():
+    resharding = accelerator.strategy.name == "deepspeed"  # (it converts the engine's partitions: DeepSpeedStrategy.load_checkpoint)
+    if saved is not None and int(saved) != world and (path / store.DEEPSPEED_DIR).is_dir() and not resharding:
         raise ValueError(
-            f"checkpoint {str(path)!r} was written by strategy='deepspeed' on {saved} processes and this run has {world}: "
-            "DeepSpeed's ZeRO partitions of the optimizer states are loaded here only on the number of processes that wrote "
-            f"them. Resume on {saved} processes, or start a new run from its weights (TrainModule.load_from_checkpoint(...), "
-            "or strategies.checkpoint_io.load_weights)"
+            f"checkpoint {str(path)!r} was written by strategy='deepspeed' on {saved} processes and this run has {world} "
+            f"with strategy={accelerator.strategy.name!r}: DeepSpeed's ZeRO partitions of the optimizer states are loaded by "
+            f"strategy='deepspeed'. Resume with it (on any number of processes), or start a new run from its weights "
+            "(TrainModule.load_from_checkpoint(...), or strategies.checkpoint_io.load_weights)"
         )
     loaders = [loader for loader in accelerator.prepared.dataloaders if hasattr(loader, "resharded_position")]
     if loaders and (path / store.DATALOADERS).exists():
@@ -238,7 +240,8 @@ def load_state(
     A checkpoint of another number of processes resumes on the samples the interrupted run would have seen (the
     loaders' positions are kept in samples of the epoch's order; sharded weights are resharded), provided each
     loader's global batch stays the same; the RNG states of processes the checkpoint has none for are derived from
-    the saved ones (`derive_rng_state`). A DeepSpeed checkpoint of another process count is refused.
+    the saved ones (`derive_rng_state`). A DeepSpeed checkpoint of another process count is converted to DeepSpeed's
+    universal format and resharded by `strategy='deepspeed'` (another strategy refuses it).
     """
     accelerator.checkpoints.wait()
     path = resolve_load_dir(accelerator, input_dir)
