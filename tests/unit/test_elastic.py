@@ -207,3 +207,22 @@ def test_a_position_at_the_start_of_an_epoch_is_taken_with_any_batch() -> None:
     other = prepare_data_loader(DataLoader(_data(), batch_size=5, shuffle=True), num_processes=3, process_index=0, seed=3)
     other.load_state_dict(state)
     assert other.epoch == 1 and len(list(other)) == len(other)
+
+
+def test_one_processs_order_from_the_global_rng_resumes_its_epoch_on_several_with_a_warning() -> None:
+    """One process without a seed draws its order from torch's global RNG, several from a generator they share: the
+    interrupted epoch is drawn again as the one process drew it; later epochs differ, and the warning says so."""
+    def one() -> object:
+        torch.manual_seed(0)
+        return prepare_data_loader(DataLoader(_data(), batch_size=12, shuffle=True, drop_last=True), seed=None)
+
+    straight = _steps([one()], 3)
+    interrupted = one()
+    _steps([interrupted], 1)
+    state = json.loads(json.dumps(interrupted.state_dict()))  # type: ignore[attr-defined]
+    assert set(state["order"]) == {"global"}
+    two = _shards(2, seed=None, drop_last=True)
+    with pytest.warns(UserWarning, match="the epochs after it are drawn differently"):
+        for loader in two:
+            loader.load_state_dict(state)
+    assert _steps(two, 2) == straight[1:]
