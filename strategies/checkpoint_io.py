@@ -49,6 +49,7 @@ from strategies.checkpoint_hash import (
     hash_file,
     map_file,
 )
+from strategies.environment import running_xla
 from strategies.materialize import is_sharded_module, load_safetensors_slices
 
 
@@ -162,7 +163,7 @@ def capture_rng_state() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda_{i}"] = state
-    if (xm := _running_xla()) is not None:  # the XLA device's generator: an unsigned 64-bit seed, kept as int64 bits
+    if (xm := running_xla()) is not None:  # the XLA device's generator: an unsigned 64-bit seed, kept as int64 bits
         seed = xm.get_rng_state()
         tensors["xla"] = torch.tensor([seed - 2**64 if seed >= 2**63 else seed], dtype=torch.int64)
     py_version, py_state, py_gauss = random.getstate()
@@ -211,14 +212,8 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, str], so
     cuda = [tensors[k].clone() for k in sorted(k for k in tensors if k.startswith("cuda_"))]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
-    if "xla" in tensors and (xm := _running_xla()) is not None:
+    if "xla" in tensors and (xm := running_xla()) is not None:
         xm.set_rng_state(int(tensors["xla"][0]) % 2**64)
-
-
-def _running_xla() -> Any:
-    from strategies.xla import running_xla  # lazy: import cycle (strategies.xla imports this module)
-
-    return running_xla()
 
 
 

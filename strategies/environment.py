@@ -8,8 +8,10 @@ processes: a strategy that cannot do that must raise, never fall back to one pro
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_PG_TIMEOUT = 300.0
 
@@ -138,3 +140,14 @@ def process_group_timeout(explicit: float | None = None) -> float:
     if value <= 0:
         raise ValueError(f"process_group_timeout={value!r} must be a positive number of seconds, e.g. 300")
     return value
+
+
+def running_xla() -> Any:
+    """``torch_xla.core.xla_model`` when this process has started torch_xla's runtime (it computes on an XLA device),
+    else None. Cheap: imports and starts nothing."""
+    xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
+    if xlac is None or not xlac._xla_runtime_is_initialized():
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return xm

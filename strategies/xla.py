@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -31,7 +30,7 @@ from strategies.base import Strategy, full_states_writer, materialize_if_empty, 
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.collectives import apply_to_tensors
-from strategies.environment import ClusterEnvironment
+from strategies.environment import ClusterEnvironment, running_xla
 from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
 
 INSTALL_HINT = (
@@ -60,17 +59,6 @@ def import_xla() -> tuple[Any, Any, Any]:
     except (ImportError, OSError) as err:  # not installed, or built for another torch (undefined symbols)
         raise ImportError(f"strategy='xla' needs torch_xla built for torch {torch.__version__} ({err}); {INSTALL_HINT}") from err
     return torch_xla, xm, xr
-
-
-def running_xla() -> Any:
-    """``torch_xla.core.xla_model`` when this process has started torch_xla's runtime (it computes on an XLA device),
-    else None. Cheap: imports and starts nothing."""
-    xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
-    if xlac is None or not xlac._xla_runtime_is_initialized():
-        return None
-    import torch_xla.core.xla_model as xm
-
-    return xm
 
 
 _pending_seed: list[int] = []  # the seed of a `seed_xla` before the runtime started, applied by XLAStrategy

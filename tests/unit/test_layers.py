@@ -51,9 +51,7 @@ _HOIST = "no cycle, and the module is loaded already when this one is imported: 
 TEMPORARY_WITHOUT_REASON: dict[tuple[str, str], str] = {}
 # Circles of modules being broken: a circle within one of these sets is let through (a test fails while an entry
 # outlives its circle).
-TEMPORARY_CIRCLES: set[frozenset[str]] = {
-    frozenset({"strategies.base", "strategies.checkpoint_io", "strategies.checkpoint_process", "strategies.checkpoint_store", "strategies.xla"}),
-}
+TEMPORARY_CIRCLES: set[frozenset[str]] = set()
 
 
 @dataclass(frozen=True)
