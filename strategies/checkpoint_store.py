@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies import checkpoint_io as io
+from strategies.checkpoint_files import fsync_dir
 from strategies.checkpoint_process import running_writer, writer_mode, writer_process
 from strategies.checkpoint_staging import Staging
 
@@ -125,7 +126,7 @@ def link_last(folder: Path, name: str) -> None:
         tmp.unlink(missing_ok=True)
         os.symlink(name, tmp, target_is_directory=True)
         os.replace(tmp, link)
-        io.fsync_dir(folder)
+        fsync_dir(folder)
     except OSError as err:
         tmp.unlink(missing_ok=True)
         warnings.warn(f"could not link {str(link)!r} to the newest checkpoint {name!r} ({err}); open it through last.json "

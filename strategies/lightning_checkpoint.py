@@ -34,6 +34,7 @@ import torch
 
 from strategies import checkpoint_io as io
 from strategies import checkpoint_store as store
+from strategies.checkpoint_formats import dedupe_shared_tensors
 
 __all__ = ["ALLOWED_GLOBALS", "convert_lightning_checkpoint", "not_converted"]
 
@@ -177,7 +178,7 @@ def _weights(state: dict[str, Any], src: Path) -> dict[str, torch.Tensor]:
     bad = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor))
     if bad:
         raise ValueError(f"{str(src)!r}: state_dict entries {bad[:5]} are not tensors; a Lightning state_dict holds tensors only")
-    return io.dedupe_shared_tensors({k: v.detach().contiguous() for k, v in state.items()})
+    return dedupe_shared_tensors({k: v.detach().contiguous() for k, v in state.items()})
 
 
 def _json_hparams(hparams: dict[str, Any], src: Path) -> dict[str, Any]:

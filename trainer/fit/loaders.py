@@ -12,7 +12,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import overrides
-from strategies.checkpoint_io import rng_kept
+from strategies.checkpoint_formats import rng_kept
 from trainer.fit import loops
 from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.module import TrainModule
