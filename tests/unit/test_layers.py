@@ -325,3 +325,12 @@ def build():
         (13, "trainer.fit.checkpointing", True, False, True),
         (15, "trainer.utils", True, False, False),
     ]
+
+
+MAX_LINES = 800
+
+
+def test_no_module_over_800_lines() -> None:
+    """A module that outgrows this holds several concerns: split it along them (docs/architecture.md)."""
+    long = {module: n for module, path in _files().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
