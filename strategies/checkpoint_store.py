@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies import checkpoint_io as io
 from strategies.checkpoint_files import fsync_dir
-from strategies.checkpoint_process import running_writer, writer_mode, writer_process
+from strategies.checkpoint_process import running_writer, writer_mode, writer_niceness, writer_process
 from strategies.checkpoint_staging import Staging
 
 if TYPE_CHECKING:
@@ -275,6 +275,8 @@ class CheckpointStore:
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
         self.in_process = writer_mode() == "process"  # the background write: in the writer process, or a thread here
+        if self.in_process:
+            writer_niceness()  # (a wrong setting is refused here, not at the first save)
         self.staging = Staging(shared=self.in_process)
         self._pending: PendingSave | None = None
         self._after: list[Callable[[], None]] = []  # process 0: what runs once the save in flight committed

@@ -161,6 +161,7 @@ def test_the_writer_process_writes_the_bytes_a_synchronous_save_writes(tmp_path:
     assert files[0] == files[1]
     writer = running_writer()
     assert writer is not None and writer.pid not in (0, os.getpid())
+    assert os.getpriority(os.PRIO_PROCESS, writer.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)  # it yields the cores
     maps = Path(f"/proc/{writer.pid}/maps").read_text()
     assert "memfd:trainwright-staging" in maps and "libtorch" not in maps  # the staging, mapped; no torch there
     os.kill(writer.pid, signal.SIGKILL)  # a writer that died between saves is replaced by the next save
@@ -177,6 +178,11 @@ def test_the_writer_can_be_a_thread_and_a_wrong_choice_is_refused(tmp_path: Path
     monkeypatch.setenv("TRAINWRIGHT_CHECKPOINT_WRITER", "fork")
     with pytest.raises(ValueError, match=r"TRAINWRIGHT_CHECKPOINT_WRITER='fork' is not a checkpoint writer; choose one of 'process', 'thread'"):
         Accelerator(cpu=True)
+    monkeypatch.setenv("TRAINWRIGHT_CHECKPOINT_WRITER", "process")
+    monkeypatch.setenv("TRAINWRIGHT_CHECKPOINT_WRITER_NICE", "-5")
+    with pytest.raises(ValueError, match=r"TRAINWRIGHT_CHECKPOINT_WRITER_NICE='-5' is not a niceness; set a whole number from 0"):
+        Accelerator(cpu=True)
+    monkeypatch.delenv("TRAINWRIGHT_CHECKPOINT_WRITER_NICE")
     monkeypatch.setenv("TRAINWRIGHT_CHECKPOINT_WRITER", "thread")
     accelerator = Accelerator(cpu=True)
     model, optimizer = _prepared(accelerator)
