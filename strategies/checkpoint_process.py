@@ -2,9 +2,9 @@
 
 A background thread that hashes and writes hundreds of megabytes competes with the training loop for the
 interpreter lock: every write and hash call gives the lock up and takes it back, and the step waits each time
-(measured: steps 1.7-2.4× as long while the thread writes). So the bytes are written by another process, one per
+(measured: steps 1.2-2.4× as long while the thread writes). So the bytes are written by another process, one per
 training process, started at the first asynchronous save and kept for the next ones (torchtitan's persistent
-checkpoint process; PyTorch's ``AsyncCheckpointerType.PROCESS``):
+checkpoint process; PyTorch's ``AsyncCheckpointerType.PROCESS``), at the lowest CPU priority (`writer_niceness`):
 
 * the step copies the state into shared memory (`strategies.checkpoint_staging.Staging` with ``shared=True``; the
   writer maps the same memory, so nothing is copied twice);

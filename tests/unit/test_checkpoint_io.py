@@ -106,6 +106,13 @@ def test_disk_full_is_an_oserror_naming_the_checkpoint_and_loses_nothing(small_d
     assert info.value.errno == errno.ENOSPC
     assert sorted(p.name for p in small_disk.iterdir()) == ["small"]  # no staging directory left behind
     verify_checkpoint(small_disk / "small")  # the earlier checkpoint is intact
+    from strategies.checkpoint_store import CheckpointSaveError
+
+    pending = acc.save_state(small_disk / "big", async_save=True)  # the same, written by the checkpoint writer process
+    with pytest.raises(CheckpointSaveError, match=r"not committed.*no space left to save checkpoint .*big.*model.safetensors"):
+        pending.result()
+    assert sorted(p.name for p in small_disk.iterdir()) == ["small"]
+    verify_checkpoint(small_disk / "small")
 
 
 @pytest.mark.faults
