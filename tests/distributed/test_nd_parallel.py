@@ -121,8 +121,7 @@ def _load_run(path: str, sizes: dict[str, int] | None) -> dict[str, torch.Tensor
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = accelerator.prepare(model, optimizer)
-    with pytest.warns(UserWarning, match="written by 4 processes"):
-        accelerator.load_state(path)
+    accelerator.load_state(path)  # resharded, and the data positions are global (no warning since docs/elastic.md)
     weights = accelerator.get_state_dict(model)
     out = {k: v.clone() for k, v in weights.items()} if accelerator.is_main_process else None
     accelerator.end_training()
