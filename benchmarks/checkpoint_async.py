@@ -86,7 +86,9 @@ def run(*, quick: bool) -> list[Section]:
         copy_out()  # the buffers exist (as ours do after the first save)
         accelerator.save_state(root / "warm", async_save=True).result()
         threaded.save_state(root / "warm_thread", async_save=True).result()
-        dcp.async_save({"model": model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=str(root / "warm_raw"), no_dist=True).result()
+        warm: Any = dcp.async_save({"model": model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=str(root / "warm_raw"),
+                                   no_dist=True)  # (a Future here: no async_stager given)
+        warm.result()
         for r in range(rounds):
             copy_times.append(copy_out())
             order = ("ours", "raw", "idle", "thread")
@@ -104,7 +106,7 @@ def run(*, quick: bool) -> list[Section]:
                     ours_steps.append(_steps(model, optimizer, batch, STEPS_WHILE_WRITING))
                     pending.result()
                 else:
-                    future = dcp.async_save({"model": model.state_dict(), "optim": optimizer.state_dict()},
+                    future: Any = dcp.async_save({"model": model.state_dict(), "optim": optimizer.state_dict()},
                                             checkpoint_id=str(root / f"raw{r}"), no_dist=True)
                     raw_stall.append(time.perf_counter() - begin)
                     raw_steps.append(_steps(model, optimizer, batch, STEPS_WHILE_WRITING))
