@@ -127,5 +127,4 @@ def test_zero2_counts_deepspeeds_whole_gradient_bucket_whatever_the_models_size(
     check with MemTracker on a one-process run of a 3.6M-parameter Llama saw 2.0 GB of it (docs/memory.md). Before,
     the estimate bounded the bucket by the model's size and said 113 MB there."""
     small = estimate_memory(tiny_llama, strategy="deepspeed_stage_2", num_processes=2, batch_size=1, seq_len=16, device="cpu")
-    stage3 = estimate_memory(tiny_llama, strategy="deepspeed_stage_3", num_processes=2, batch_size=1, seq_len=16, device="cpu")
-    assert small.peak - stage3.peak > 500_000_000 * 4 * 0.9  # the float32 bucket, which stage 3 does not hold
+    assert small.to_dict()["per_process"]["at_peak"]["temporaries"] >= 500_000_000 * 4  # the float32 bucket (the model: 0.1 M)
