@@ -64,7 +64,7 @@ def writer_mode() -> str:
     Raises:
         ValueError: the variable names neither.
     """
-    from strategies.checkpoint_staging import shared_memory_available
+    from strategies.checkpoint_staging import shared_memory_available  # lazy: the writer process imports this module without torch
 
     chosen = os.environ.get(_ENV, "").strip().lower()
     if chosen and chosen not in MODES:
@@ -165,14 +165,14 @@ class Recorder:
         self.jobs.append(("file", name, sink.done(), sink.size))
 
     def save_safetensors(self, name: str, state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-        from strategies.checkpoint_io import write_safetensors
+        from strategies.checkpoint_io import write_safetensors  # lazy: the writer process imports this module without torch
 
         self._file(name, lambda out: write_safetensors(out, state, metadata))
 
     def save_torch(self, name: str, obj: Any) -> None:
         import torch
 
-        from strategies.checkpoint_io import without_zip_crc
+        from strategies.checkpoint_io import without_zip_crc  # lazy: the writer process imports this module without torch
 
         def produce(out: Sink) -> None:
             with without_zip_crc():
@@ -184,7 +184,7 @@ class Recorder:
         self._file(name, lambda out: out.write(json.dumps(data, indent=1, sort_keys=True).encode()))
 
     def save_rng_state(self, name: str) -> None:
-        from strategies.checkpoint_io import capture_rng_state
+        from strategies.checkpoint_io import capture_rng_state  # lazy: the writer process imports this module without torch
 
         tensors, meta = capture_rng_state()  # (this process's generators, now)
         self.save_safetensors(name, tensors, metadata=meta)
@@ -194,8 +194,8 @@ class Recorder:
         produces (this process's shards, process 0's ``.metadata``) go to the writer process like the others."""
         import torch.distributed.checkpoint as dcp
 
-        from strategies.checkpoint_io import without_zip_crc
-        from strategies.dcp_storage import RecordingWriter
+        from strategies.checkpoint_io import without_zip_crc  # lazy: the writer process imports this module without torch
+        from strategies.dcp_storage import RecordingWriter  # lazy: the writer process imports this module without torch
 
         storage = RecordingWriter(self.staging / name, lambda: Sink(self.staging_memory))
         with without_zip_crc():  # (DCP torch.saves each item into its shard file)
@@ -443,7 +443,7 @@ def _writer_main(sock_fd: int, lifeline: int, parent: int, niceness: int) -> Non
 
 
 def _run(job: dict[str, Any], maps: dict[Any, Any]) -> dict[str, Any]:
-    from strategies.checkpoint_files import StagedFiles
+    from strategies.checkpoint_files import StagedFiles  # lazy: loaded in the writer process only, after its start
 
     files = StagedFiles(Path(job["staging"]), job["algorithm"], Path(job["final"]))
     for kind, name, pieces, nbytes in job["files"]:
