@@ -66,7 +66,7 @@ class TrainBatch:
         self.training_step = functools.partial(strategy.call_through, model, module, "training_step") if redirect else module.training_step
         self.precision = strategy.precision
         self.plain_precision = type(strategy.precision.forward_context()) is contextlib.nullcontext
-        dispatch = trainer._dispatch
+        dispatch = trainer.dispatch
         self.hooks = {event: fire for event in _BATCH_EVENTS if (fire := dispatch.caller(event)) is not None}
         # the three big parts of a batch as plain callables (ProfiledTrainBatch wraps them in its timers)
         self.automatic_step = self._in_precision(self.training_step)
@@ -392,20 +392,20 @@ def manual_backward(trainer: Trainer, loss: torch.Tensor, **kwargs: Any) -> None
 
     The step ran outside the wrapper's forward, so the strategy arms its gradient sync first.
     """
-    trainer._dispatch.call("on_before_backward", loss)
+    trainer.dispatch.call("on_before_backward", loss)
     trainer.accelerator.strategy.prepare_for_backward(trainer.model, loss)
     with profile(trainer, "backward"):
         trainer.accelerator.backward(loss, **kwargs)
     if trainer.args.on_nonfinite is None and not trainer.loss_health.warned_nonfinite:
         trainer.loss_health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
-    trainer._dispatch.call("on_after_backward")
+    trainer.dispatch.call("on_after_backward")
 
 
 def step_manual_optimizer(trainer: Trainer, optimizer: ManualOptimizer, closure: Callable[[], Any] | None = None) -> None:
     """``opt.step(closure)`` in manual optimization: ``on_before_optimizer_step(opt)`` on the callbacks and the module,
     the prepared optimizer's step, and one more `global_step`, as in Lightning. With a `closure` the hook runs after it
     (inside the optimizer's step), as Lightning's precision plugin does."""
-    dispatch = trainer._dispatch
+    dispatch = trainer.dispatch
     if closure is None:
         dispatch.call("on_before_optimizer_step", optimizer)
         optimizer.optimizer.step()

@@ -121,7 +121,7 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
     metrics = trainer.callback_metrics
     checkpoint["callback_metrics"] = {k: _as_number(v) for k, v in metrics.items() if _as_number(v) is not None}
     checkpoint["results"] = trainer.results_state_dict()  # epoch accumulators of self.log(on_epoch=True): exact after resume
-    trainer._dispatch.call("on_save_checkpoint", checkpoint)  # the callbacks, then the module (Lightning's order)
+    trainer.dispatch.call("on_save_checkpoint", checkpoint)  # the callbacks, then the module (Lightning's order)
     safe: dict[str, Any] = to_json_safe(checkpoint, "checkpoint")
     return safe
 
@@ -193,7 +193,7 @@ def _restore_trainer_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None
         trainer.load_results_state_dict(checkpoint["results"])
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    trainer._dispatch.call("on_load_checkpoint", checkpoint)  # the module, then the callbacks (Lightning's order)
+    trainer.dispatch.call("on_load_checkpoint", checkpoint)  # the module, then the callbacks (Lightning's order)
     _restore_callback_states(trainer, checkpoint.get("callbacks") or {})  # after the hooks, as Lightning
 
 

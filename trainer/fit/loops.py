@@ -67,11 +67,11 @@ def sanity_check(trainer: Trainer, val_loaders: list[Any]) -> None:
     stores = (trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics)
     saved = [dict(d) for d in stores]
     trainer.sanity_checking = True
-    trainer._dispatch.call("on_sanity_check_start")
+    trainer.dispatch.call("on_sanity_check_start")
     limits = trainer.loaders.val_limits
     steps = limits if trainer.num_sanity_val_steps == -1 else [min(trainer.num_sanity_val_steps, n) for n in limits]
     eval_loop(trainer, "validation", val_loaders, steps)
-    trainer._dispatch.call("on_sanity_check_end")
+    trainer.dispatch.call("on_sanity_check_end")
     trainer.sanity_checking = False
     for target, values in zip(stores, saved):
         target.clear()
@@ -101,7 +101,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     batches = _train_batches(trainer, start)
     # the module's modes are the user's: no .train() here (Lightning's); an evaluation restores the modes it found
     results.set_context("train", False)
-    trainer._dispatch.call("on_train_epoch_start")
+    trainer.dispatch.call("on_train_epoch_start")
     if pending:
         _validate(trainer, val_loaders)
     _close_stepping_batch(progress)
@@ -163,7 +163,7 @@ def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[
     training epoch the callbacks that monitor a metric (checkpointing, early stopping) run after the module's
     hook and that last computation, so they see what the module logged there; the other callbacks run before it.
     """
-    results, dispatch, event = trainer._results, trainer._dispatch, f"on_{stage}_epoch_end"
+    results, dispatch, event = trainer._results, trainer.dispatch, f"on_{stage}_epoch_end"
     results.set_context(stage, False)
     metrics, logged = results.reduce_epoch(stage)
     results.set_context(stage, False, epoch_end=True)
@@ -224,7 +224,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
     (a list per loader when there are several; None without `keep_predictions`: nothing kept, nothing gathered).
     """
-    module, call, results = trainer.attached_module, trainer._dispatch.call, trainer._results
+    module, call, results = trainer.attached_module, trainer.dispatch.call, trainer._results
     step = getattr(module, f"{stage}_step")
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.

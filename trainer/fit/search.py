@@ -45,7 +45,7 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
     save_checkpoint(trainer, path)
     metrics = [trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics]
     saved = SimpleNamespace(
-        callbacks=trainer.callbacks, dispatch=trainer._dispatch, configs=trainer.lr_scheduler_configs,
+        callbacks=trainer.callbacks, dispatch=trainer.dispatch, configs=trainer.lr_scheduler_configs,
         max_steps=trainer.max_steps, training=trainer.training, metrics=[dict(m) for m in metrics], batch_idx=0,
         args=trainer._args, loss_health=trainer.loss_health.snapshot(),
     )

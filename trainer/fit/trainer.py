@@ -279,6 +279,11 @@ class Trainer:
         return self.lightning_module
 
     @property
+    def dispatch(self) -> HookDispatcher:
+        """The run's hook dispatcher: every hook of the module and the callbacks, in Lightning's order."""
+        return self._dispatch
+
+    @property
     def attached_module(self) -> TrainModule:
         """The module of the running ``fit``/``validate``/``test``/``predict``; raises outside one."""
         if self.lightning_module is None:
@@ -760,7 +765,8 @@ class Trainer:
         step = self.logging_step if step is None else step
         values = {**metrics, "epoch": self.current_epoch} if epoch else dict(metrics)
         self.warn_if_nonfinite(values)
-        self._dispatch_for_trackers().call_callbacks("on_log_metrics", values, step)
+        dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
+        dispatch.call_callbacks("on_log_metrics", values, step)
 
     @property
     def nonfinite_skipped(self) -> int:
@@ -779,8 +785,6 @@ class Trainer:
         if self._args.on_nonfinite is None and self.training and not self.sanity_checking:
             self.loss_health.check(values, synchronized=synchronized, step=self.global_step, epoch=self.current_epoch)
 
-    def _dispatch_for_trackers(self) -> HookDispatcher:
-        return self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
 
 def _barebones_log(name: str, *args: Any) -> None:
     """``self.log`` under ``Trainer(barebones=True)``: nothing is logged (Lightning's warning, once per name)."""
