@@ -95,11 +95,7 @@ class Checkpointing(ProcessLayout):
         Returns:
             A handle; ``handle.remove()`` unregisters the hook.
         """
-        if not callable(hook):
-            raise TypeError(f"register_save_state_pre_hook(hook={hook!r}) needs a callable hook(models, weights, output_dir)")
-        handle = RemovableHandle(self._save_state_pre_hooks)
-        self._save_state_pre_hooks[handle.id] = hook
-        return handle
+        return _add_hook(self._save_state_pre_hooks, hook, "register_save_state_pre_hook", "hook(models, weights, output_dir)")
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` in `load_state`, on every process, before the weights are loaded.
@@ -112,11 +108,7 @@ class Checkpointing(ProcessLayout):
         Returns:
             A handle; ``handle.remove()`` unregisters the hook.
         """
-        if not callable(hook):
-            raise TypeError(f"register_load_state_pre_hook(hook={hook!r}) needs a callable hook(models, input_dir)")
-        handle = RemovableHandle(self._load_state_pre_hooks)
-        self._load_state_pre_hooks[handle.id] = hook
-        return handle
+        return _add_hook(self._load_state_pre_hooks, hook, "register_load_state_pre_hook", "hook(models, input_dir)")
 
     def save_state(
         self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None,
@@ -153,6 +145,15 @@ class Checkpointing(ProcessLayout):
         from strategies.data import skip_first_batches  # lazy: `import trainer.accelerator` does not load strategies.data
 
         return skip_first_batches(dataloader, num_batches)
+
+
+def _add_hook(hooks: OrderedDict[int, Callable[..., None]], hook: Any, method: str, signature: str) -> RemovableHandle:
+    """Register `hook` in `hooks` (what `method` does); a handle whose ``remove()`` unregisters it."""
+    if not callable(hook):
+        raise TypeError(f"{method}(hook={hook!r}) needs a callable {signature}")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
 
 
 def check_path(value: Any, name: str) -> None:
