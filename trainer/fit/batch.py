@@ -53,7 +53,7 @@ class TrainBatch:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.progress = trainer.fit_progress
+        self.progress = trainer.run_state.progress  # where the fit is: the window, the steps (trainer.fit.run_state)
         self.accelerator = acc = trainer.accelerator
         self.stepper = acc.stepper
         self.agreement = trainer.agreement
@@ -109,9 +109,8 @@ class TrainBatch:
         else:  # the user's step drives the optimizers (self.manual_backward, opt.step())
             stepper.sync_gradients = True
             output = self.manual_step(batch, batch_idx)
-        progress.batches_done_in_epoch, progress.is_last_batch = batch_idx + 1, last
         # a boundary batch (every batch in manual optimization); a checkpoint written before it is counted counts it
-        progress.stepping_batch_open = boundary = progress.accumulation_position == 0
+        boundary = progress.end_batch(batch_idx, last)
         if "on_train_batch_end" in hooks:
             hooks["on_train_batch_end"](self.results.detached(output), batch, batch_idx)
         if boundary and (progress.batches_that_stepped + 1) % trainer.log_every_n_steps == 0:
@@ -145,12 +144,12 @@ class TrainBatch:
                 "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
                 stacklevel=3,
             )
-        position = progress.accumulation_position
-        if position == 0:  # Lightning's place: the window's first batch, after training_step
+        if progress.at_boundary:  # Lightning's place: the window's first batch, after training_step
             if "on_before_zero_grad" in hooks:
                 hooks["on_before_zero_grad"](self.optimizer)
             self.zero_grad(batch_idx)
-        if not skip and loss is not None:  # not skipped: the loss is a tensor
+        ran_backward = not skip and loss is not None  # not skipped: the loss is a tensor
+        if ran_backward and loss is not None:
             if "on_before_backward" in hooks:
                 hooks["on_before_backward"](loss)
             if loss.dim():
@@ -160,8 +159,7 @@ class TrainBatch:
             self.backward(loss)
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()
-            progress.accumulated += 1
-        progress.accumulation_position = 0 if boundary else position + 1
+        progress.advance_window(boundary, ran_backward)
         if boundary and progress.accumulated:
             self.optimizer_step()
         return output
@@ -186,9 +184,9 @@ class TrainBatch:
 
         def optimizer_closure() -> Any:
             """``training_step`` + ``zero_grad`` (on a window's first batch) + backward; returns the loss."""
-            progress.accumulation_position = position  # an optimizer that calls the closure again (LBFGS) reruns the batch
+            progress.rewind_window(position)  # an optimizer that calls the closure again (LBFGS) reruns the batch
             outputs.append(self._automatic(batch, batch_idx, False))  # False: the step is the hook's
-            progress.accumulation_position = 0
+            progress.advance_window(True, False)
             output = outputs[-1]
             return output if type(output) is torch.Tensor else _loss_of(output)
 
@@ -199,8 +197,7 @@ class TrainBatch:
                 "optimizer_closure, so training_step never ran for this batch. Call optimizer.step(closure=optimizer_closure) "
                 "(or optimizer_closure() where it skips the step), as Lightning requires"
             )
-        progress.global_step += 1
-        progress.accumulated = 0
+        progress.count_step()
         if self.trainer.lr_scheduler_configs and not self.optimizer.step_was_skipped:
             step_schedulers(self.trainer, "step", update_plateau=True)
         return outputs[-1]
@@ -245,9 +242,7 @@ class TrainBatch:
             else:
                 stepper.clip_grad_value_(params, trainer.gradient_clip_val, self.clip_optimizers)
         optimizer.step()  # the prepared optimizer: the stepper's step, and its fp16 skipped flag
-        progress = self.progress
-        progress.global_step += 1
-        progress.accumulated = 0
+        self.progress.count_step()
         if trainer.lr_scheduler_configs and not optimizer.step_was_skipped:
             step_schedulers(trainer, "step", update_plateau=True)
 
@@ -416,4 +411,4 @@ def step_manual_optimizer(trainer: Trainer, optimizer: ManualOptimizer, closure:
             return result
 
         optimizer.optimizer.step(closure=closure_then_hook)
-    trainer.fit_progress.global_step += 1
+    trainer.run_state.progress.count_step()

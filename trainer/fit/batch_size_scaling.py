@@ -90,7 +90,7 @@ class _Search:
 
     def trial(self) -> None:
         trainer = self.trainer
-        trainer.fit_progress.reset()
+        trainer.run_state.progress.reset()  # each trial from the start (the run state is put back after the search)
         if self.stage == "fit":
             run_training(trainer, [], max_steps=self.steps_per_trial, val_loaders=self.val_loaders)
         else:
@@ -141,11 +141,9 @@ def scale_batch_size(
     _check(trainer, module, stage, batch_arg_name)
     search = _Search(trainer, module, "validation" if stage == "validate" else stage, steps_per_trial, batch_arg_name)
     with state_kept(trainer, "scale_batch_size"):
-        max_steps = trainer.max_steps
         size, _ = search.adjust(value=init_val)
         size = _power(search, size, max_trials, max_val) if mode == "power" else _binsearch(search, size, max_trials, margin, max_val)
         _collect_garbage()
-        trainer.max_steps = max_steps
     if stage == "fit":  # the run goes on with loaders of the size found (the restored position is the run's start)
         trainer.loaders.stale = True
     log.info(f"Finished batch size finder, will continue with full run using batch size {size}")

@@ -111,7 +111,7 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "epoch": int(trainer.current_epoch),
         "global_step": int(trainer.global_step),
-        "loops": {"fit_loop": trainer.fit_progress.state_dict()},
+        "loops": trainer.run_state.state_dict(),  # {"fit_loop": the loop position}
         "callbacks": callback_states,
         "hyper_parameters": dict(module.hparams) if module is not None else {},
     }
@@ -165,7 +165,7 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     """Restore the full training state of `trainer` from the checkpoint directory `path`.
 
     Restores (through the `Accelerator`) weights, optimizers, schedulers, scaler, dataloader positions and RNG
-    states, then the loop position (``trainer.fit_progress``), each callback's state (by ``state_key``), and
+    states, then the loop position (``trainer.run_state``), each callback's state (by ``state_key``), and
     calls the ``on_load_checkpoint`` hooks. Every rank must call it. Outside ``fit`` (``validate``, ``test``,
     ``predict``) only the model weights are loaded.
 
@@ -187,7 +187,7 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
 def _restore_trainer_state(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     if "loops" not in checkpoint:
         raise ValueError("the checkpoint has no Trainer state in its extra_state.json; it was not written by Trainer.save_checkpoint")
-    trainer.fit_progress.load_state_dict(dict(checkpoint["loops"].get("fit_loop", {})))  # (the restart rules are its own)
+    trainer.run_state.load_state_dict(checkpoint["loops"])  # (the restart rules are its progress's own)
     trainer.callback_metrics.update(checkpoint.get("callback_metrics") or {})
     if "results" in checkpoint:
         trainer.load_results_state_dict(checkpoint["results"])

@@ -6,8 +6,9 @@
     validate/test/predict:
                 eval_loop(trainer, stage, loader, limit)
 
-The loop position lives in ``trainer.fit_progress`` (`trainer.fit.progress.LoopProgress`, saved in checkpoints, so a resume continues
-mid-epoch). Preparation, backward, accumulation, clipping and gathering are the `Accelerator`'s; calling a step
+What the loops advance is the run's state, ``trainer.run_state`` (`trainer.fit.run_state.RunState`): what the run is
+doing (stage, training, sanity checking) and where the fit is (its `LoopProgress`, saved in checkpoints, so a resume
+continues mid-epoch), whose methods are the only writers of the step, window and epoch counts. Preparation, backward, accumulation, clipping and gathering are the `Accelerator`'s; calling a step
 through the wrapped model's forward is the strategy's (`Strategy.call_through`).
 """
 
@@ -35,44 +36,39 @@ from trainer.fit.profiler import profile
 from trainer.fit.transfer import moves_batches_itself, transfer_batch
 
 if TYPE_CHECKING:
-    from trainer.fit.progress import LoopProgress
     from trainer.fit.trainer import Trainer
 
 _MISSING = object()
 
 
 # ---------------------------------------------------------------------------------------- fit
-def max_steps_reached(trainer: Trainer) -> bool:
-    """True once ``max_steps`` optimizer steps were taken."""
-    return trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
-
-
 def can_stop_early(trainer: Trainer) -> bool:
     """Whether a stop asked for (``trainer.should_stop``: early stopping, a `Timer`, a callback) may take effect: once
     ``min_epochs`` epochs and ``min_steps`` optimizer steps are done (Lightning's ``_can_stop_early``). Until then the
     stop stays asked for and training goes on. Read where every process has the same epoch and step counts."""
-    args = trainer._args
-    return trainer.current_epoch >= args.min_epochs and (args.min_steps is None or trainer.global_step >= args.min_steps)
+    args, state = trainer.args, trainer.run_state
+    return state.current_epoch >= args.min_epochs and (args.min_steps is None or state.global_step >= args.min_steps)
 
 
 def fit_done(trainer: Trainer) -> bool:
     """True when training should stop: asked to (and `can_stop_early`), ``max_steps`` reached or ``max_epochs`` done."""
-    if (trainer.should_stop and can_stop_early(trainer)) or max_steps_reached(trainer):
+    state = trainer.run_state
+    if (state.should_stop and can_stop_early(trainer)) or state.max_steps_reached():
         return True
-    return trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
+    return state.max_epochs not in (None, -1) and state.current_epoch >= state.max_epochs
 
 
 def sanity_check(trainer: Trainer, val_loaders: list[Any]) -> None:
     """Run ``num_sanity_val_steps`` validation batches; the metrics they log are dropped afterwards."""
     stores = (trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics)
-    saved = [dict(d) for d in stores]
-    trainer.sanity_checking = True
+    saved, state = [dict(d) for d in stores], trainer.run_state
+    state.sanity_checking = True
     trainer.dispatch.call("on_sanity_check_start")
     limits = trainer.loaders.val_limits
     steps = limits if trainer.num_sanity_val_steps == -1 else [min(trainer.num_sanity_val_steps, n) for n in limits]
     eval_loop(trainer, "validation", val_loaders, steps)
     trainer.dispatch.call("on_sanity_check_end")
-    trainer.sanity_checking = False
+    state.sanity_checking = False
     for target, values in zip(stores, saved):
         target.clear()
         target.update(values)
@@ -86,15 +82,16 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     one batch ahead: ``end_of_dataloader``), so accumulation, validation and checkpoints treat it as the sized
     loader's last batch.
     """
-    progress, results = trainer.fit_progress, trainer._results
-    stop_agreed = trainer.should_stop  # agreed at the last epoch's end (before any hook of this one); min_epochs/min_steps held it
+    state, results = trainer.run_state, trainer._results
+    progress = state.progress
+    stop_agreed = state.should_stop  # agreed at the last epoch's end (before any hook of this one); min_epochs/min_steps held it
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
     pending = progress.validation_pending and bool(val_loaders)
     start, total = progress.batches_done_in_epoch, trainer.num_training_batches
     if 0 < total <= start or (start and progress.is_last_batch):  # restored from the end of an epoch
         if pending:
             _validate(trainer, val_loaders)
-        _close_stepping_batch(progress)
+        progress.close_stepping_batch()
         return _next_epoch(trainer, update_plateau=False)
     loader = trainer.loaders.train
     stream = math.isinf(num_batches(loader))
@@ -104,7 +101,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     trainer.dispatch.call("on_train_epoch_start")
     if pending:
         _validate(trainer, val_loaders)
-    _close_stepping_batch(progress)
+    progress.close_stepping_batch()
     train_batch = TrainBatch(trainer) if trainer.profiler is None else ProfiledTrainBatch(trainer)
     trainer.agreement.begin_epoch()
     validates, drawn = bool(val_loaders), False
@@ -118,39 +115,33 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
         if validate:
             go_on = not _validate(trainer, val_loaders) and go_on
         progress.validation_pending = False
-        _close_stepping_batch(progress)  # a boundary batch counts once its validation logged at its step
+        progress.close_stepping_batch()  # a boundary batch counts once its validation logged at its step
         stop_agreed = stop_agreed or not go_on  # the same on every process, as the step and epoch counts
-        if (stop_agreed and can_stop_early(trainer)) or max_steps_reached(trainer):
+        if (stop_agreed and can_stop_early(trainer)) or state.max_steps_reached():
             break
         if trainer.agreement.signal and preemption.due(trainer) and not last:  # at the epoch's end: after it
             preemption.checkpoint_and_exit(trainer)
     if stream and not drawn and start == 0 and total:
         raise ValueError(
-            f"the train dataloader yielded no batch in epoch {trainer.current_epoch}: its IterableDataset ended at once, so "
+            f"the train dataloader yielded no batch in epoch {state.current_epoch}: its IterableDataset ended at once, so "
             "fit would take no step. Check that the data set yields items on every pass (after set_epoch), or pass a non-empty one"
         )
     _, logged = _end_of_epoch(trainer, "train")
     trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
     trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on this epoch, read at its end (where the loop synchronizes)
     epoch_over = progress.batches_done_in_epoch >= total or progress.is_last_batch
-    if epoch_over or not max_steps_reached(trainer):  # an epoch cut short by max_steps stays open, so a resume continues it
+    if epoch_over or not state.max_steps_reached():  # an epoch cut short by max_steps stays open, so a resume continues it
         _next_epoch(trainer, update_plateau=True)
     return None
 
 
 def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> bool:
     """Validate during fit; returns the stop the processes agree on after it (early stopping decides there)."""
-    trainer.fit_progress.validation_pending = False  # a checkpoint written during the validation is past it
+    trainer.run_state.progress.validation_pending = False  # a checkpoint written during the validation is past it
     with profile(trainer, "validation"):
         eval_loop(trainer, "validation", val_loaders or [], trainer.loaders.val_limits)  # puts the module back in its modes
     trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on so far, read after the validation synchronized
     return trainer.agreement.agree(trainer)
-
-
-def _close_stepping_batch(progress: LoopProgress) -> None:
-    if progress.stepping_batch_open:
-        progress.batches_that_stepped += 1
-        progress.stepping_batch_open = False
 
 
 def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -180,7 +171,7 @@ def _train_batches(trainer: Trainer, start: int) -> Any:
     """An iterator over this epoch's training batches, starting after the `start` already done (resume)."""
     loader = trainer.loaders.train
     if hasattr(loader, "set_epoch"):
-        loader.set_epoch(trainer.current_epoch)
+        loader.set_epoch(trainer.run_state.current_epoch)
     if isinstance(loader, CombinedLoader):  # (batch, batch_idx, dataloader_idx): the step gets the combined batch
         batches = (batch for batch, _, _ in itertools.islice(loader, start, None))  # a resume reads the batches it skips
     else:
@@ -202,16 +193,13 @@ def _timed_batches(profiler: Any, batches: Any) -> Any:
 
 def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
     step_schedulers(trainer, "epoch", update_plateau=update_plateau)
-    progress = trainer.fit_progress
-    progress.epoch += 1
-    progress.batches_done_in_epoch = 0
-    progress.is_last_batch = False
+    trainer.run_state.progress.next_epoch()
     trainer.agreement.agree(trainer)  # every process learns whether one of them asked to stop
 
 
 def _validation_due(trainer: Trainer, batch_idx: int, last: bool) -> bool:
     """Validate after batch `batch_idx` (`last`: the epoch's last)? The trainer's `ValidationSchedule` says."""
-    return trainer.validation_schedule.due(trainer.current_epoch, batch_idx, last)
+    return trainer.validation_schedule.due(trainer.run_state.current_epoch, batch_idx, last)
 
 
 # ---------------------------------------------------------------------------------------- evaluation
@@ -224,7 +212,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
     (a list per loader when there are several; None without `keep_predictions`: nothing kept, nothing gathered).
     """
-    module, call, results = trainer.attached_module, trainer.dispatch.call, trainer._results
+    module, call, results, state = trainer.attached_module, trainer.dispatch.call, trainer._results, trainer.run_state
     step = getattr(module, f"{stage}_step")
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
@@ -242,7 +230,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     transfer = moves_batches_itself(trainer)
     modes = [(submodule, submodule.training) for submodule in module.modules()]  # restored after, as Lightning's
     getattr(module, f"on_{stage}_model_eval")()  # default: module.eval()
-    was_training, trainer.training = trainer.training, False
+    was_training, state.training = state.training, False
     results.set_context(stage, False)
     results.enabled = stage != "predict"
     predictions: list[list[tuple[int, int, Any]]] = [[] for _ in loaders]
@@ -271,8 +259,8 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
                     predictions[dataloader_idx].append((batch_idx, trainer.global_rank, _to_cpu(output)))
                 call(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
                 if stage != "predict":  # Lightning: every batch, at the batches seen so far (the sanity check's are dropped)
-                    values, seen, key = results.flush_step(stage), trainer._eval_batches_seen, (stage, dataloader_idx)
-                    if not trainer.sanity_checking:
+                    values, seen, key = results.flush_step(stage), state.eval_batches_seen, (stage, dataloader_idx)
+                    if not state.sanity_checking:
                         trainer._send_to_trackers(values, seen.get(key, 0), epoch=False)
                         seen[key] = seen.get(key, 0) + 1
         results.dataloader_suffix = ""
@@ -288,7 +276,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     else:
         for submodule, training in modes:
             submodule.training = training
-    results.enabled, trainer.training = True, was_training
+    results.enabled, state.training = True, was_training
     if stage == "predict":
         if not keep_predictions:
             return None

@@ -263,7 +263,7 @@ def lr_find(
             log.info(f"LR finder stopped early after {trainer.global_step} steps due to diverging loss.")
         results = {"lr": recorder.lrs, "loss": recorder.losses}
         finder.results = trainer.strategy.broadcast_object(results) if trainer.world_size > 1 else results
-        saved.batch_idx = trainer.fit_progress.batches_done_in_epoch
+        saved.batch_idx = trainer.run_state.progress.batches_done_in_epoch
     finder._total_batch_idx = saved.batch_idx
     if update_attr:
         lr = finder.suggestion()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def due(trainer: Trainer) -> bool:
     """True when the processes agreed on a signal and the loop is at an optimizer-step boundary."""
-    return bool(trainer.agreement.signal) and trainer.fit_progress.accumulation_position == 0
+    return bool(trainer.agreement.signal) and trainer.run_state.progress.at_boundary
 
 
 def checkpoint_and_exit(trainer: Trainer) -> None:

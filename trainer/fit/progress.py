@@ -1,8 +1,12 @@
 """`LoopProgress`: where a fit is — the one object the loops advance, checkpoints save, and a resume restarts from.
 
-The loops (`trainer.fit.loops`, `trainer.fit.batch`) write its fields; ``trainer.global_step``, ``current_epoch`` and
-``should_stop`` read them. Its `state_dict` is the ``loops.fit_loop`` entry of a checkpoint, and `load_state_dict` owns
-the rules for restarting from a checkpoint written at any point of a batch (see there).
+It is the position part of the run's state (`trainer.fit.run_state.RunState.progress`); ``trainer.global_step``,
+``current_epoch`` and ``should_stop`` read it. It is the one place that counts: optimizer steps (`count_step`, the
+only increment of `global_step`), the accumulation window (`advance_window`: the position the step's
+boundary rule, `Stepper.at_position`, is asked about) and the batches of an epoch (`end_batch`, `close_stepping_batch`,
+`next_epoch`); the loops and the batch call these and write no field themselves. Its `state_dict` is the
+``loops.fit_loop`` entry of a checkpoint, and `load_state_dict` owns the rules for restarting from a checkpoint written
+at any point of a batch (see there).
 """
 
 from __future__ import annotations
@@ -42,8 +46,56 @@ class LoopProgress:
     validation_pending: bool = False
     is_last_batch: bool = False
 
+    # counting: the only writers of the step, window and epoch fields ------------------------------------------
+    @property
+    def at_boundary(self) -> bool:
+        """The next batch starts an accumulation window (the last one ended one): where gradients are zeroed, and
+        where a preemption checkpoint may be written."""
+        return self.accumulation_position == 0
+
+    def advance_window(self, boundary: bool, backward: bool) -> None:
+        """A batch of the window ran (automatic optimization). `backward`: its backward ran, and its gradients wait
+        for the window's optimizer step; `boundary`: it ended the window (the step's rule, `Stepper.at_position`)."""
+        if backward:
+            self.accumulated += 1
+        self.accumulation_position = 0 if boundary else self.accumulation_position + 1
+
+    def rewind_window(self, position: int) -> None:
+        """The batch at `position` of the window runs again (an optimizer calling its closure again, LBFGS)."""
+        self.accumulation_position = position
+
+    def count_step(self) -> None:
+        """One optimizer step was taken (automatic or manual optimization): the one place `global_step` grows."""
+        self.global_step += 1
+        self.accumulated = 0
+
+    def end_batch(self, batch_idx: int, last: bool) -> bool:
+        """Training batch `batch_idx` is over (`last`: the epoch's last); returns whether it ended a window (every
+        batch in manual optimization), which then counts in `batches_that_stepped` once `close_stepping_batch` runs."""
+        self.batches_done_in_epoch, self.is_last_batch = batch_idx + 1, last
+        self.stepping_batch_open = self.accumulation_position == 0
+        return self.stepping_batch_open
+
+    def close_stepping_batch(self) -> None:
+        """A window's last batch counts once its step values and any validation after it were logged at its step."""
+        if self.stepping_batch_open:
+            self.batches_that_stepped += 1
+            self.stepping_batch_open = False
+
+    def next_epoch(self) -> None:
+        """The epoch is over: the next one starts at its first batch."""
+        self.epoch += 1
+        self.batches_done_in_epoch = 0
+        self.is_last_batch = False
+
+    # saving and restoring ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def assign(self, other: LoopProgress) -> None:
+        """Take every field of `other` (a copy taken earlier), in place."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(other, field.name))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restart from a saved position (what `state_dict` returned, in any earlier checkpoint format).

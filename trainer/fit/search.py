@@ -1,10 +1,11 @@
 """A search inside the run it tunes: the plumbing `trainer.fit.lr_finder` and `trainer.fit.batch_size_scaling` share.
 
 A search runs from a finder callback's start hook (``on_fit_start``, ...), on the Trainer's own loops
-(`trainer.fit.loops`), as Lightning's does: `state_kept` saves the run's state to a hidden checkpoint under
-``project_dir`` first (weights, optimizers, schedulers, loop position, loader positions, RNG states), `run_training`
-trains with only the search's own callback (no trackers, checkpoints or progress bar), and the checkpoint is restored
-after it, so the run continues (or a later ``fit`` starts) exactly as if no search had run, except for what the search
+(`trainer.fit.loops`), as Lightning's does: `state_kept` takes a snapshot of the run's state (``trainer.run_state``,
+one `RunState`: position, limits, stage and flags, optimizers and schedulers) and saves the tensors to a hidden
+checkpoint under ``project_dir`` (weights, optimizers, schedulers, loader positions, RNG states), `run_training`
+trains with only the search's own callback (no trackers, checkpoints or progress bar), and both are put back after
+it, so the run continues (or a later ``fit`` starts) exactly as if no search had run, except for what the search
 sets on purpose (the lr, the batch size). Started through the `Tuner` (`trainer.fit.tuner`), the search then ends the
 run (`TunerExit`).
 """
@@ -36,8 +37,9 @@ class TunerExit(Exception):
 
 @contextlib.contextmanager
 def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
-    """Save the run's state to a hidden checkpoint under ``project_dir``, and after the block restore it and the
-    Trainer's settings a search changes (callbacks, schedulers, ``max_steps``, the metrics shown), then delete it."""
+    """Take a snapshot of the run's state and save its tensors to a hidden checkpoint under ``project_dir``; after
+    the block put back the run state (one unit), the checkpoint and what else a search changes on the Trainer (its
+    callbacks and dispatcher, the metrics shown, the loss checks), then delete the checkpoint."""
     acc = trainer.accelerator
     path = str(Path(trainer.project_dir).absolute() / f".{name}_{uuid.uuid4().hex}")
     if trainer.world_size > 1:
@@ -45,9 +47,8 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
     save_checkpoint(trainer, path)
     metrics = [trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics]
     saved = SimpleNamespace(
-        callbacks=trainer.callbacks, dispatch=trainer.dispatch, configs=trainer.lr_scheduler_configs,
-        max_steps=trainer.max_steps, training=trainer.training, metrics=[dict(m) for m in metrics], batch_idx=0,
-        args=trainer._args, loss_health=trainer.loss_health.snapshot(),
+        run=trainer.run_state.snapshot(), callbacks=trainer.callbacks, dispatch=trainer.dispatch,
+        metrics=[dict(m) for m in metrics], batch_idx=0, args=trainer._args, loss_health=trainer.loss_health.snapshot(),
     )
     # a search drives the loss to diverge on purpose: no on_nonfinite policy stops it (its suggestion skips such points)
     trainer._args = dataclasses.replace(trainer._args, on_nonfinite=None)
@@ -56,9 +57,8 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
         yield saved
     finally:
         trainer.callbacks, trainer._dispatch, trainer._args = saved.callbacks, saved.dispatch, saved.args
-        trainer.lr_scheduler_configs, trainer.max_steps, trainer.training = saved.configs, saved.max_steps, saved.training
+        trainer.run_state.restore(saved.run)
         trainer.loss_health.restore(saved.loss_health)
-        trainer.should_stop = False
         for target, values in zip(metrics, saved.metrics):
             target.clear()
             target.update(values)
@@ -74,7 +74,7 @@ def run_training(trainer: Trainer, callbacks: list[Callback], *, max_steps: int,
     """Train from the current position until `max_steps` (or a stop, or ``max_epochs``) with only `callbacks`."""
     trainer.callbacks = list(callbacks)
     trainer._dispatch = HookDispatcher(trainer.attached_module, TrainModule, trainer.callbacks, trainer)
-    trainer.max_steps = max_steps
-    trainer.training, trainer.should_stop = True, False
+    state = trainer.run_state
+    state.max_steps, state.training, state.should_stop = max_steps, True, False
     while not loops.fit_done(trainer):
         loops.train_epoch(trainer, val_loaders)

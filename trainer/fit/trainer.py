@@ -50,6 +50,7 @@ from trainer.fit.plugins import apply_precision_plugin
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
 from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
+from trainer.fit.run_state import RunState, RunStateField
 from trainer.fit.search import TunerExit
 from trainer.fit.transfer import moves_batches_itself
 
@@ -209,22 +210,15 @@ class Trainer:
         args = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         self._args: TrainerArgs = args
         self.enable_autolog_hparams = args.enable_autolog_hparams  # read by the trackers when a run starts
-        self.max_epochs, self.max_steps = args.max_epochs, args.max_steps
         self.min_epochs, self.min_steps, self.barebones = args.min_epochs, args.min_steps, args.barebones
         self.gradient_clip_val, self.gradient_clip_algorithm = args.gradient_clip_val, args.gradient_clip_algorithm
         # when fit validates (read by the loop and by ModelCheckpoint/EarlyStopping); the epoch's length is set by fit
         self.validation_schedule = ValidationSchedule(args.val_check_interval, args.check_val_every_n_epoch)
         self.num_sanity_val_steps, self.log_every_n_steps = args.num_sanity_val_steps, args.log_every_n_steps
         self.project_dir = str(Path(args.project_dir))
-        self.fit_progress = LoopProgress()  # where the fit is: advanced by the loops, saved and restored by checkpoints
-        # 1 after a fit that max_steps ended mid-epoch: Lightning counts that epoch in current_epoch, while the loop
-        # position keeps it open (a resume continues it)
-        self._epoch_cut_short = 0
-        self.stage: str | None = None
-        self.sanity_checking = False
-        self.training = False
-        self.optimizers: list[Any] = []
-        self.lr_scheduler_configs: list[LRSchedulerConfig] = []
+        # what a run owns and where it is (trainer.fit.run_state): the loops advance it, checkpoints save its position,
+        # a search puts it back; the Lightning attributes below (current_epoch, global_step, stage, ...) are views onto it
+        self.run_state = RunState(max_epochs=args.max_epochs, max_steps=args.max_steps)
         self.num_val_batches: int | float | list[int | float] = 0  # a list with several loaders (one count each)
         self.num_test_batches: int | float | list[int | float] = 0
         self.num_predict_batches: int | float | list[int | float] = 0
@@ -233,9 +227,6 @@ class Trainer:
         self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
         self.loss_health = LossHealth()  # non-finite losses warned about once, skipped batches counted (per fit)
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
-        # evaluation batches of this run (a fit counts across its validations, not its sanity check): the step of
-        # the on_step values logged in validation_step/test_step, as Lightning's
-        self._eval_batches_seen: dict[tuple[str, int], int] = {}
         self.profiler: Profiler | None = build_profiler(args.profiler)
         if args.benchmark is not None:
             torch.backends.cudnn.benchmark = args.benchmark
@@ -268,6 +259,18 @@ class Trainer:
         self.log_value = self._results.log if not args.barebones else _barebones_log  # what TrainModule.log calls: bound once
 
     # ------------------------------------------------------------------------------------ attributes
+    # Lightning's attributes of the run, views onto `run_state` (`RunState` documents each); the settable ones set it
+    stage, training, sanity_checking = RunStateField[str | None](), RunStateField[bool](), RunStateField[bool]()
+    max_epochs, max_steps = RunStateField[int | None](), RunStateField[int | None]()
+    optimizers, lr_scheduler_configs = RunStateField[list[Any]](), RunStateField[list[LRSchedulerConfig]]()
+    current_epoch, global_step, logging_step = RunStateField[int](), RunStateField[int](), RunStateField[int]()  # read-only
+    should_stop = RunStateField[bool]()
+
+    @property
+    def fit_progress(self) -> LoopProgress:
+        """Where the fit is (`run_state.progress`): epoch, global step, the accumulation window, batches done."""
+        return self.run_state.progress
+
     @property
     def args(self) -> TrainerArgs:
         """The checked constructor arguments (`trainer.fit.args.TrainerArgs`), read-only."""
@@ -356,32 +359,6 @@ class Trainer:
     @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
-
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken so far."""
-        return int(self.fit_progress.global_step)
-
-    @property
-    def logging_step(self) -> int:
-        """The step trackers receive: boundary batches done so far (Lightning's ``_batches_that_stepped``).
-
-        It counts the batches that ended an accumulation window (every batch in manual optimization), and grows
-        after the batch's step values and any validation it triggered were logged: the first row is step 0.
-        """
-        return int(self.fit_progress.batches_that_stepped)
-
-    @property
-    def current_epoch(self) -> int:
-        return int(self.fit_progress.epoch) + self._epoch_cut_short
-
-    @property
-    def should_stop(self) -> bool:
-        return bool(self.fit_progress.should_stop)
-
-    @should_stop.setter
-    def should_stop(self, value: bool) -> None:
-        self.fit_progress.should_stop = bool(value)
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
@@ -578,8 +555,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
-        self.fit_progress.reset()
-        self._epoch_cut_short = 0
+        self.run_state.begin_fit()
         self.model_setup.release_previous_fit()
         self.loaders.sources, self.loaders.stale = (train_dataloaders, val_dataloaders), False
         self.loss_health.reset()
@@ -602,14 +578,13 @@ class Trainer:
         # resumed run reloads at the same epochs as the uninterrupted one (its loaders, just built, stand for the last one)
         last_reload = self.current_epoch - self.current_epoch % reload_every if reload_every else 0
         while not loops.fit_done(self):
-            if reload_every and self.current_epoch - last_reload >= reload_every and self.fit_progress.batches_done_in_epoch == 0:
+            if reload_every and self.current_epoch - last_reload >= reload_every and self.run_state.progress.batches_done_in_epoch == 0:
                 val_loaders, last_reload = self.loaders.build_fit(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
             with profile(self, "run_training_epoch"):
                 loops.train_epoch(self, val_loaders)
             if preemption.due(self):
                 preemption.checkpoint_and_exit(self)
-        self.training = False
-        self._epoch_cut_short = int(self.fit_progress.batches_done_in_epoch > 0)  # open only when max_steps ended it
+        self.run_state.end_fit()
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
@@ -672,7 +647,6 @@ class Trainer:
         if not isinstance(module, TrainModule):
             raise TypeError(f"trainer.{stage}() needs a TrainModule, got {type(module).__name__}; subclass trainer.TrainModule")
         self._attach(module, stage)
-        self._eval_batches_seen = {}
         setup_stage = "fit" if stage == "fit" else stage
         self.agreement = self._new_agreement()
         if stage == "fit":  # SIGTERM/SIGUSR1 are recorded, then agreed on and answered by a checkpoint (trainer.fit.preemption)
@@ -719,7 +693,7 @@ class Trainer:
         self._end_run()
 
     def _end_run(self) -> None:
-        self.stage, self.training, self.sanity_checking = None, False, False
+        self.run_state.end()
         self.accelerator.sync_gradients = True
 
     def _new_agreement(self) -> LoopAgreement:
@@ -728,7 +702,8 @@ class Trainer:
                              reduce=acc.reduce if acc is not None else _no_reduce, device=acc.device if acc is not None else torch.device("cpu"))
 
     def _attach(self, module: TrainModule, stage: str) -> None:
-        self.lightning_module, self.stage = module, stage
+        self.lightning_module = module
+        self.run_state.begin(stage)
         module.trainer = self
         if stage == "fit" and not module.automatic_optimization and (self.accumulate_grad_batches != 1 or self.gradient_clip_val is not None):
             raise ValueError(
