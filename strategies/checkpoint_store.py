@@ -351,7 +351,7 @@ class CheckpointStore:
     def _write_in_background(
         self, pending: PendingSave, writer: io.CheckpointWriter, write: Write, meta: dict[str, Any], group: Any, process: Any,
     ) -> None:
-        rank, world = self.strategy.rank, self.strategy.world_size
+        rank = self.strategy.rank
         error: str | None = None
         try:
             if process is not None:  # the files go to the writer process (DCP's collective writes stay here)
@@ -363,14 +363,10 @@ class CheckpointStore:
             error = f"process {rank}: {type(err).__name__}: {err}"
             if os.environ.get("TRAINWRIGHT_DEBUG_CHECKPOINT"):
                 traceback.print_exc()
-        everyone = _gather((writer.files, error), world, group)
-        errors = [e for _, e in everyone if e is not None]
-        if rank == 0 and not errors:
-            try:
-                writer.commit(meta, [files for files, _ in everyone])
-            except BaseException as err:
-                errors.append(f"process 0 committing: {type(err).__name__}: {err}")
-        errors = _broadcast(errors, world, group)
+        try:
+            errors = self._agree(writer, meta, error, group)
+        except BaseException as err:  # a process is gone: nothing can be agreed, and the caller must not wait forever
+            errors = [f"process {rank} could not reach the other processes to agree on the save ({type(err).__name__}: {err})"]
         pending._error = "; ".join(errors) if errors else None
         while True:  # the queued bookkeeping runs here, in order, before the save counts as done
             with _LOCK:
@@ -380,7 +376,22 @@ class CheckpointStore:
                     return
             if rank == 0 and not errors:
                 for action in after:
-                    action()
+                    try:
+                        action()
+                    except BaseException as err:  # (the checkpoint is committed; what failed after it is reported)
+                        pending._error = f"process 0 after committing: {type(err).__name__}: {err}"
+
+    def _agree(self, writer: io.CheckpointWriter, meta: dict[str, Any], error: str | None, group: Any) -> list[str]:
+        """Every process's write error (none: process 0 commits), the same list on every process."""
+        rank, world = self.strategy.rank, self.strategy.world_size
+        everyone = _gather((writer.files, error), world, group)
+        errors = [e for _, e in everyone if e is not None]
+        if rank == 0 and not errors:
+            try:
+                writer.commit(meta, [files for files, _ in everyone])
+            except BaseException as err:
+                errors.append(f"process 0 committing: {type(err).__name__}: {err}")
+        return list(_broadcast(errors, world, group))
 
     def _same_directory(self, writer: io.CheckpointWriter) -> None:
         """Every process waits here until process 0 cleared the staging, and all refuse a checkpoint directory that
