@@ -70,7 +70,7 @@ class DeviceStatsMonitor(Callback):
             get_cpu_stats()  # psutil is there: fail now, not at the first logged batch
 
     def _log(self, trainer: TrainerView, key: str) -> None:
-        if trainer.sanity_checking or (trainer.logging_step + 1) % max(trainer.log_every_n_steps, 1):
+        if trainer.sanity_checking or (trainer.run_state.logging_step + 1) % max(trainer.log_every_n_steps, 1):
             return
         device = trainer.strategy.device
         if self._cpu_stats is False and device.type == "cpu":
@@ -80,7 +80,7 @@ class DeviceStatsMonitor(Callback):
             stats.update(get_cpu_stats())
         if stats:
             prefix = f"{type(self).__qualname__}.{key}/"
-            trainer.log_metrics({prefix + name: value for name, value in stats.items()}, int(trainer.logging_step))
+            trainer.log_metrics({prefix + name: value for name, value in stats.items()}, int(trainer.run_state.logging_step))
 
     def on_train_batch_start(self, trainer: TrainerView, module: TrainModule, batch: Any, batch_idx: int) -> None:
         self._log(trainer, "on_train_batch_start")

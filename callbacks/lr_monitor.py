@@ -32,7 +32,7 @@ class LearningRateMonitor(Callback):
     (1-based), or ``lr-Adam/<name>`` for a group with a ``"name"``. Momentum is logged as ``<lr name>-momentum``
     (``lr-Adam-momentum``) from ``momentum`` (SGD) or ``betas[0]`` (Adam family).
 
-    The values go through ``trainer.log_metrics`` to every tracker at ``trainer.logging_step`` (the step of the
+    The values go through ``trainer.log_metrics`` to every tracker at ``trainer.run_state.logging_step`` (the step of the
     ``self.log`` values of the same batch), without an ``epoch`` value, as Lightning's monitor writes them.
 
     Args:
@@ -128,7 +128,7 @@ class LearningRateMonitor(Callback):
     def on_train_batch_start(self, trainer: TrainerView, module: TrainModule, batch: Any, batch_idx: int) -> None:
         if "step" not in self._intervals:
             return
-        step = int(trainer.logging_step)
+        step = int(trainer.run_state.logging_step)
         every = max(trainer.log_every_n_steps, 1)
         # Several batches share one optimizer step under gradient accumulation: log each step once.
         if step == self._last_step_logged or (step + 1) % every:
@@ -141,7 +141,7 @@ class LearningRateMonitor(Callback):
     def on_train_epoch_start(self, trainer: TrainerView, module: TrainModule) -> None:
         values = self.learning_rates(trainer, "epoch")
         if values:
-            trainer.log_metrics(values, int(trainer.logging_step))
+            trainer.log_metrics(values, int(trainer.run_state.logging_step))
 
 
 def _config_for(index: int, optimizer: Any, configs: list[Any]) -> Any:

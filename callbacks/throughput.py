@@ -188,7 +188,7 @@ class ThroughputMonitor(Callback):
             metrics = self.compute(trainer.world_size)
             if metrics:
                 self.last_metrics = metrics
-                trainer.log_metrics(metrics, int(trainer.logging_step))
+                trainer.log_metrics(metrics, int(trainer.run_state.logging_step))
 
     def compute(self, world_size: int = 1) -> dict[str, float]:
         """The rates over the current window, or an empty dict with fewer than two points."""

@@ -1,8 +1,10 @@
 """What callbacks and the module may rely on of the `Trainer` running them.
 
-* `TrainerView`: the attributes and methods a callback's hooks (``trainer``) and a `TrainModule`
-  (``self.trainer``) may use. `Trainer` satisfies it (mypy checks that in ``trainer/fit/trainer.py``); anything
-  else on the Trainer is its own business and may change.
+* `TrainerView`: the attributes and methods a callback's hooks (``trainer``) may use: Lightning's names, the run's
+  state as one typed object (``trainer.run_state``), and the few seams the built-in callbacks need.
+  `ModuleTrainerView` adds what a `TrainModule` (``self.trainer``) calls for ``self.log``, ``manual_backward`` and
+  ``opt.step()``. `Trainer` satisfies both (mypy checks that in ``trainer/fit/trainer.py``); anything else on the
+  Trainer is its own business and may change.
 * `ValidationSchedule`: when validation runs during ``fit`` (``trainer.validation_schedule``), the one rule the
   loop and the metric-monitoring callbacks share.
 * `Preempted`: what ``fit`` raises after it wrote a preemption checkpoint (see ``trainer.fit.preemption``).
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
     from trainer.fit.agreement import LoopAgreement
     from trainer.fit.module import LRSchedulerConfig, ManualOptimizer, TrainModule
+    from trainer.fit.run_state import RunState
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,16 @@ class Preempted(SystemExit):
 
 
 class TrainerView(Protocol):
-    """The `Trainer` as callbacks and the module see it: ``trainer`` in every callback hook, ``self.trainer`` in a
-    `TrainModule`. Read-only unless noted; ``should_stop`` is the one a callback sets."""
+    """The `Trainer` as callbacks see it: ``trainer`` in every callback hook (a `TrainModule`'s ``self.trainer`` is
+    `ModuleTrainerView`, this and a little more). Read-only unless noted; ``should_stop`` is the one a callback sets."""
 
-    # ------------------------------------------------------------------ where the run is
+    # ------------------------------------------------------------------ where the run is: views onto `run_state`
+    @property
+    def run_state(self) -> RunState:
+        """The run's state as one object (`trainer.fit.run_state.RunState`): what the run is doing, where the fit is
+        (``run_state.progress``; ``run_state.logging_step``, the step the trackers receive), its limits, optimizers
+        and schedulers. The Lightning names of this section read it (``should_stop``, ``max_steps``, ... set it)."""
+
     @property
     def stage(self) -> str | None:
         """``"fit"``, ``"validate"``, ``"test"``, ``"predict"``; None outside a run."""
@@ -105,10 +114,6 @@ class TrainerView(Protocol):
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far."""
-
-    @property
-    def logging_step(self) -> int:
-        """The step the trackers receive (boundary batches done so far)."""
 
     should_stop: bool
     """Set it to stop ``fit`` at the next boundary (every process agrees first)."""
@@ -245,7 +250,11 @@ class TrainerView(Protocol):
     def agreement(self) -> LoopAgreement:
         """Decisions the processes agree on at scheduled batches, without a collective per batch (`trainer.fit.agreement`)."""
 
-    # ------------------------------------------------------------------ what `TrainModule` calls
+
+class ModuleTrainerView(TrainerView, Protocol):
+    """The `Trainer` as a `TrainModule` sees it (``self.trainer``): what callbacks see, and what ``self.log``,
+    ``self.manual_backward`` and ``opt.step()`` of manual optimization call."""
+
     def log_value(
         self, name: str, value: Any, on_step: bool | None = None, on_epoch: bool | None = None, prog_bar: bool = False,
         logger: bool = True, sync_dist: bool = False, reduce_fx: Any = "mean", batch_size: int | None = None,

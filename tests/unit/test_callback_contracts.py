@@ -14,7 +14,7 @@ from callbacks.checkpoint import ModelCheckpoint
 from callbacks.early_stopping import EarlyStopping
 from callbacks.events import ALL_EVENTS, MODULE_EVENTS
 from callbacks.on_exception import OnExceptionCheckpoint
-from callbacks.view import TrainerView, ValidationSchedule
+from callbacks.view import ModuleTrainerView, TrainerView, ValidationSchedule
 from trainer.fit.dispatch import order_callbacks
 from trainer.fit.module import TrainModule
 from trainer.fit.trainer import Trainer
@@ -36,11 +36,15 @@ def test_the_module_has_one_hook_per_module_event() -> None:
     assert hooks == set(MODULE_EVENTS)
 
 
-def test_a_trainer_has_every_member_of_the_view(tmp_path: Path) -> None:
-    members = {name for name in vars(TrainerView) if not name.startswith("_")} | set(TrainerView.__annotations__)
+def test_a_trainer_has_every_member_of_the_views(tmp_path: Path) -> None:
+    def members(view: type) -> set[str]:
+        return {name for name in vars(view) if not name.startswith("_")} | set(view.__annotations__)
+
+    callbacks, module = members(TrainerView), members(TrainerView) | members(ModuleTrainerView)
     trainer = Trainer(project_dir=tmp_path, log_with=None, enable_progress_bar=False)
-    assert {"global_step", "validation_schedule", "save_checkpoint", "log_value", "strategy"} <= members
-    assert [name for name in sorted(members) if not hasattr(trainer, name)] == []
+    assert {"run_state", "global_step", "validation_schedule", "save_checkpoint", "strategy"} <= callbacks
+    assert "log_value" not in callbacks and {"log_value", "manual_backward", "step_manual_optimizer"} <= module
+    assert [name for name in sorted(module) if not hasattr(trainer, name)] == []
 
 
 class _Flags(Callback):

@@ -87,7 +87,8 @@ class LoopAgreement:
         """Make every process agree on stopping and on a received signal; returns the agreed stop.
 
         The agreed stop lands in ``trainer.should_stop`` and the signal in `signal` on every process."""
-        stop: bool = trainer.should_stop
+        state = trainer.run_state
+        stop: bool = state.should_stop
         received = self.signals.received
         if self.several:
             gap = self._next_gap()
@@ -96,7 +97,7 @@ class LoopAgreement:
             flags = self.reduce(torch.tensor([float(stop), float(received), -float(gap), *asked], device=self.device), "max").tolist()
             stop, received, gap = bool(flags[0]), int(flags[1]), int(-flags[2])
             self._agreed.update(key for key, flag in zip(keys, flags[3:]) if flag)
-            trainer.should_stop = stop
+            state.should_stop = stop
             self._countdown, self._since, self._last_time = gap, 0, time.perf_counter()
         self.signal = self.signal or received
         return stop

@@ -53,7 +53,8 @@ class TrainBatch:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.progress = trainer.run_state.progress  # where the fit is: the window, the steps (trainer.fit.run_state)
+        self.state = state = trainer.run_state  # the run's state (trainer.fit.run_state): its schedulers, its position
+        self.progress = state.progress  # the window and the steps, counted there
         self.accelerator = acc = trainer.accelerator
         self.stepper = acc.stepper
         self.agreement = trainer.agreement
@@ -198,7 +199,7 @@ class TrainBatch:
                 "(or optimizer_closure() where it skips the step), as Lightning requires"
             )
         progress.count_step()
-        if self.trainer.lr_scheduler_configs and not self.optimizer.step_was_skipped:
+        if self.state.lr_scheduler_configs and not self.optimizer.step_was_skipped:
             step_schedulers(self.trainer, "step", update_plateau=True)
         return outputs[-1]
 
@@ -243,7 +244,7 @@ class TrainBatch:
                 stepper.clip_grad_value_(params, trainer.gradient_clip_val, self.clip_optimizers)
         optimizer.step()  # the prepared optimizer: the stepper's step, and its fp16 skipped flag
         self.progress.count_step()
-        if trainer.lr_scheduler_configs and not optimizer.step_was_skipped:
+        if self.state.lr_scheduler_configs and not optimizer.step_was_skipped:
             step_schedulers(trainer, "step", update_plateau=True)
 
 

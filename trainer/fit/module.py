@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from callbacks.view import TrainerView
+    from callbacks.view import ModuleTrainerView
 
 _INTERVALS = ("step", "epoch")
 _BACKWARD_ARGUMENTS = ("gradient", "retain_graph", "create_graph", "inputs")  # Tensor.backward's, in order
@@ -163,7 +163,7 @@ class ManualOptimizer:
     Every ``step()`` call advances ``trainer.global_step``, as in Lightning.
     """
 
-    def __init__(self, optimizer: Any, trainer: TrainerView) -> None:
+    def __init__(self, optimizer: Any, trainer: ModuleTrainerView) -> None:
         self.optimizer = optimizer
         self._trainer = trainer
 
@@ -204,7 +204,7 @@ class TrainModule(nn.Module):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: TrainerView | None = None
+        self._trainer: ModuleTrainerView | None = None
         self.hparams: AttributeDict = AttributeDict()
         self._toggled: dict[int, bool] = {}
         self._example_input_array: Any = None
@@ -234,14 +234,14 @@ class TrainModule(nn.Module):
 
     # run context
     @property
-    def trainer(self) -> TrainerView:
-        """The `Trainer` running this module (raises outside a run); what it offers is `callbacks.view.TrainerView`."""
+    def trainer(self) -> ModuleTrainerView:
+        """The `Trainer` running this module (raises outside a run); what it offers is `callbacks.view.ModuleTrainerView`."""
         if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) (or validate/test/predict) first")
         return self._trainer  # type: ignore[return-value]  # None only while TorchScript reads the attributes
 
     @trainer.setter
-    def trainer(self, trainer: TrainerView | None) -> None:
+    def trainer(self, trainer: ModuleTrainerView | None) -> None:
         object.__setattr__(self, "_trainer", trainer)
 
     @property

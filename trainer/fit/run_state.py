@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Self, TypeVar, overload
 
 from trainer.fit.progress import LoopProgress
 
@@ -53,6 +53,8 @@ class RunState:
         lr_scheduler_configs: their schedulers, with when each steps.
         eval_batches_seen: evaluation batches of this run per ``(stage, dataloader_idx)`` (a fit counts across its
             validations, not its sanity check): the step of the ``on_step`` values logged in ``validation_step``.
+        num_val_batches: validation batches per epoch after limits (a list with several loaders, one count each;
+            ``inf`` for a loader without a length); ``num_test_batches``, ``num_predict_batches`` the same.
     """
 
     progress: LoopProgress = field(default_factory=LoopProgress)
@@ -65,6 +67,9 @@ class RunState:
     optimizers: list[Any] = field(default_factory=list)
     lr_scheduler_configs: list[LRSchedulerConfig] = field(default_factory=list)
     eval_batches_seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    num_val_batches: int | float | list[int | float] = 0
+    num_test_batches: int | float | list[int | float] = 0
+    num_predict_batches: int | float | list[int | float] = 0
 
     # ------------------------------------------------------------------------------------ read by the Trainer's views
     @property
@@ -146,16 +151,19 @@ class RunState:
 _FIELDS = tuple(f.name for f in dataclasses.fields(RunState))
 
 
-class RunStateField(Generic[T]):
-    """A `Trainer` attribute that is the field or property of the same name of ``trainer.run_state``: reads it, and
-    (where the run state lets it be set) sets it, so ``trainer.max_steps = 5`` and ``trainer.should_stop = True`` act
-    on the run state."""
+class RunStateValue(Generic[T]):
+    """A read-only `Trainer` attribute that is the property of the same name of ``trainer.run_state``
+    (``trainer.global_step``: the loop counts it; setting it is an error, as in Lightning)."""
+
+    name: str  # the attribute's, set when the class is made
 
     def __set_name__(self, owner: type, name: str) -> None:
+        if getattr(self, "name", name) != name:  # `a = b = RunStateField()` would make both read b
+            raise TypeError(f"one RunStateField cannot stand for both {owner.__name__}.{self.name} and .{name}; make one each")
         self.name = name
 
     @overload
-    def __get__(self, trainer: None, owner: type) -> RunStateField[T]: ...
+    def __get__(self, trainer: None, owner: type) -> Self: ...
 
     @overload
     def __get__(self, trainer: object, owner: type) -> T: ...
@@ -164,6 +172,14 @@ class RunStateField(Generic[T]):
         if trainer is None:
             return self
         return getattr(trainer.run_state, self.name)
+
+    def __set__(self, trainer: Any, value: NoReturn) -> None:
+        raise AttributeError(f"trainer.{self.name} is read-only: the training loop counts it (trainer.run_state)")
+
+
+class RunStateField(RunStateValue[T]):
+    """A `Trainer` attribute that is the field (or settable property) of the same name of ``trainer.run_state``:
+    ``trainer.max_steps = 5`` and ``trainer.should_stop = True`` set the run state's."""
 
     def __set__(self, trainer: Any, value: T) -> None:
         setattr(trainer.run_state, self.name, value)

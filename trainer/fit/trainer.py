@@ -50,7 +50,7 @@ from trainer.fit.plugins import apply_precision_plugin
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
 from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
-from trainer.fit.run_state import RunState, RunStateField
+from trainer.fit.run_state import RunState, RunStateField, RunStateValue
 from trainer.fit.search import TunerExit
 from trainer.fit.transfer import moves_batches_itself
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from callbacks.checkpoint import ModelCheckpoint
-    from callbacks.view import TrainerView
+    from callbacks.view import ModuleTrainerView
     from strategies.base import Strategy
     from trainer.accelerator.accelerator import Accelerator
     from trainer.fit.module import ManualOptimizer
@@ -219,9 +219,6 @@ class Trainer:
         # what a run owns and where it is (trainer.fit.run_state): the loops advance it, checkpoints save its position,
         # a search puts it back; the Lightning attributes below (current_epoch, global_step, stage, ...) are views onto it
         self.run_state = RunState(max_epochs=args.max_epochs, max_steps=args.max_steps)
-        self.num_val_batches: int | float | list[int | float] = 0  # a list with several loaders (one count each)
-        self.num_test_batches: int | float | list[int | float] = 0
-        self.num_predict_batches: int | float | list[int | float] = 0
         self.lightning_module: TrainModule | None = None
         self.model_setup = ModelSetup(self)  # the module as the strategy set it up, its optimizers
         self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
@@ -263,8 +260,9 @@ class Trainer:
     stage, training, sanity_checking = RunStateField[str | None](), RunStateField[bool](), RunStateField[bool]()
     max_epochs, max_steps = RunStateField[int | None](), RunStateField[int | None]()
     optimizers, lr_scheduler_configs = RunStateField[list[Any]](), RunStateField[list[LRSchedulerConfig]]()
-    current_epoch, global_step, logging_step = RunStateField[int](), RunStateField[int](), RunStateField[int]()  # read-only
+    current_epoch, global_step, logging_step = RunStateValue[int](), RunStateValue[int](), RunStateValue[int]()  # read-only
     should_stop = RunStateField[bool]()
+    num_val_batches, num_test_batches, num_predict_batches = (RunStateField[int | float | list[int | float]]() for _ in range(3))
 
     @property
     def fit_progress(self) -> LoopProgress:
@@ -771,5 +769,5 @@ def _no_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
 
 
 if TYPE_CHECKING:
-    def _satisfies_the_view(trainer: Trainer) -> TrainerView:
-        return trainer  # mypy checks here that a Trainer has everything callbacks and the module may use
+    def _satisfies_the_view(trainer: Trainer) -> ModuleTrainerView:
+        return trainer  # mypy checks here that a Trainer has everything callbacks (TrainerView) and the module may use
