@@ -85,3 +85,34 @@ def test_a_failed_call_reports_its_rank_and_the_pool_starts_anew() -> None:
         run_distributed(_fail_on_rank_one, fresh=False)
     again = [o["pid"] for o in run_distributed(_observe, fresh=False)]
     assert set(again).isdisjoint(pids)  # the failed call's processes were discarded
+
+
+_SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([int(os.environ["RANK"]) + 1])
+dist.all_reduce(total)
+print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} on port {os.environ['MASTER_PORT']}: {int(total)}")
+if sys.argv[1:] == ["fail"]:
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    time.sleep(60)  # (stopped when rank 1 fails, as torchrun's agent stops the others)
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_on_several_forked_processes_runs_as_under_torchrun(tmp_path: Path) -> None:
+    import sys
+    import time
+
+    from tests.helpers.scripts import run_python
+
+    (tmp_path / "job.py").write_text(_SCRIPT)
+    done = run_python([sys.executable, "job.py"], cwd=tmp_path, nprocs=2, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = sorted(done.stdout.splitlines())
+    assert [line.split(" on port")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"] and all(line.endswith(": 3") for line in lines)
+    start = time.monotonic()
+    failed = run_python([sys.executable, "job.py", "fail"], cwd=tmp_path, nprocs=2, timeout=60)
+    assert failed.returncode == 3 and time.monotonic() - start < 30, (failed.returncode, failed.stderr)

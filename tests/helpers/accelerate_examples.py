@@ -4,8 +4,10 @@ The scripts are in ``tests/fixtures/accelerate_examples/`` as Accelerate ships t
 stand-ins replace the network: `build_offline_hub` writes a tiny BERT under the name ``bert-base-cased`` into a
 Hugging Face cache (``HF_HOME``, read by ``transformers`` itself with ``HF_HUB_OFFLINE=1``) and a small synthetic
 GLUE/MRPC that `tests.helpers.offline_hub` serves as ``datasets.load_dataset`` (with ``evaluate.load``).
-`run_case` runs one case in a subprocess (``torchrun`` for Accelerate, ``trainer launch`` for us on two processes) with
-`tests.helpers.accelerate_example_runner`, which records every forward of the model.
+`run_case` runs one case with `tests.helpers.accelerate_example_runner`, which records every forward of the model: under
+Accelerate in a subprocess (``torchrun`` on two processes); for us in processes forked from the tests' warm server
+(`tests.helpers.scripts.run_python`, with the variables ``trainer launch`` and ``torchrun`` set), and for one case
+through a real ``trainer launch``.
 
 Recording Accelerate's traces (``tests/fixtures/accelerate_examples/traces.json``) needs Accelerate importable by this
 project's Python; from a side venv that has it::
@@ -66,11 +68,12 @@ class Case:
     args: tuple[str, ...] = ()
     processes: int = 1
     files: tuple[str, ...] = field(default=())  # what the run must leave in its working directory
+    launched: bool = False  # started by a real ``trainer launch`` (else forked, with the variables it would set)
 
 
 CASES = [
     Case("nlp_example", "nlp_example.py", ("--cpu",)),
-    Case("nlp_example_2proc", "nlp_example.py", ("--cpu",), processes=2),
+    Case("nlp_example_2proc", "nlp_example.py", ("--cpu",), processes=2, launched=True),
     Case("complete_nlp_example", "complete_nlp_example.py",
          ("--cpu", "--with_tracking", "--checkpointing_steps", "epoch", "--output_dir", "out", "--project_dir", "logs"),
          files=("out/epoch_0", "out/epoch_2", "logs")),
@@ -192,16 +195,23 @@ def run_case(case: Case, framework: str, hub_env: dict[str, str], workdir: Path,
         if name.startswith(("ACCELERATE_", "TRAINWRIGHT_")) or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             del env[name]
     inner = [str(RUNNER), "--framework", framework, "--trace", str(trace), "--without", ",".join(ONLINE_TRACKERS), str(EXAMPLES / case.script), *case.args]
-    if case.processes == 1:
-        cmd = [sys.executable, *inner]
-    elif framework == "trainer":
-        cmd = [sys.executable, "-m", "trainer", "launch", "--num_processes", str(case.processes), "--main_process_port", "0", *inner]
+    if framework == "trainer" and not case.launched:  # (what the script does is the subject, not its launch)
+        from tests.helpers.scripts import launch_environment, run_python
+
+        launch = ("--num_processes", str(case.processes), "--main_process_port", "0")
+        env.update(launch_environment(*launch) if case.processes > 1 else {})
+        proc = run_python([sys.executable, *inner], cwd=workdir, env=env, timeout=timeout, nprocs=case.processes)
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(case.processes), *inner]
-        # what `accelerate launch` sets for a multi-CPU config: without it, an Accelerator(cpu=False) started by torchrun on a
-        # machine without GPUs runs each process alone (DistributedType.NO)
-        env["ACCELERATE_USE_CPU"] = "true"
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+        if case.processes == 1:
+            cmd = [sys.executable, *inner]
+        elif framework == "trainer":
+            cmd = [sys.executable, "-m", "trainer", "launch", "--num_processes", str(case.processes), "--main_process_port", "0", *inner]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(case.processes), *inner]
+            # what `accelerate launch` sets for a multi-CPU config: without it, an Accelerator(cpu=False) started by torchrun
+            # on a machine without GPUs runs each process alone (DistributedType.NO)
+            env["ACCELERATE_USE_CPU"] = "true"
+        proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{case.name} under {framework} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     ranks = []
@@ -252,10 +262,12 @@ def run_test_utils_script(name: str, framework: str, workdir: Path, *, processes
         if var.startswith(("ACCELERATE_", "TRAINWRIGHT_")) or var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             del env[var]
     inner = [str(RUNNER), "--framework", framework, "--trace", str(workdir / "_trace"), str(TEST_UTILS_SCRIPTS / f"{name}.py")]
-    if framework == "trainer":
-        cmd = [sys.executable, "-m", "trainer", "launch", "--num_processes", str(processes), "--main_process_port", "0", *inner]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *inner]
+    if framework == "trainer":  # forked as `trainer launch` would start them (the scripts' checks are the subject)
+        from tests.helpers.scripts import launch_environment, run_python
+
+        env.update(launch_environment("--num_processes", str(processes), "--main_process_port", "0"))
+        return run_python([sys.executable, *inner], cwd=workdir, env=env, timeout=timeout, nprocs=processes)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *inner]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
 
 

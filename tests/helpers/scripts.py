@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,8 @@ def _run_main(argv: list[str], cwd: str, env: dict[str, str], streams: tuple[str
     import torch
 
     stdin, stdout, stderr = streams
-    for fd, path, mode in ((0, stdin, os.O_RDONLY), (1, stdout, os.O_WRONLY), (2, stderr, os.O_WRONLY)):
+    # (appending: the processes of one `run_python(..., nprocs=N)` share the files as torchrun's workers share its streams)
+    for fd, path, mode in ((0, stdin, os.O_RDONLY), (1, stdout, os.O_WRONLY | os.O_APPEND), (2, stderr, os.O_WRONLY | os.O_APPEND)):
         opened = os.open(path, mode)
         os.dup2(opened, fd)
         os.close(opened)
@@ -88,28 +91,72 @@ def _run_main(argv: list[str], cwd: str, env: dict[str, str], streams: tuple[str
 
 
 def run_python(argv: list[str], *, cwd: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None,
-               timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess[str]:
+               timeout: float = 120, input: str | None = None, nprocs: int = 1) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=input)`` for
     ``argv = [sys.executable, [-u], script | -m module | -c code, *args]``, in a process forked from the warm server.
 
-    Raises `subprocess.TimeoutExpired` (after killing the process) as `subprocess.run` does.
+    With ``nprocs=N`` the script runs on N such processes as ``torchrun --nproc_per_node N`` starts its workers: each
+    gets the variables torchrun sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of a new
+    port, ...) on top of `env`, they share the standard streams, and when one fails the others are stopped (SIGTERM,
+    then SIGKILL) as torchrun's agent does; the exit status is the first failure's, else 0. For scripts whose subject
+    is what they do on several processes; the launch itself (``trainer launch``, ``torchrun``) is tested by real ones.
+
+    Raises `subprocess.TimeoutExpired` (after killing the processes) as `subprocess.run` does.
     """
     if not argv or argv[0] != sys.executable:
         raise ValueError(f"run_python runs this interpreter's scripts: argv must start with sys.executable, got {argv[:2]}")
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     workdir = str(Path(cwd) if cwd is not None else Path.cwd())
     environ = dict(os.environ if env is None else env)
+    port = str(multiprocess.free_port())
     with tempfile.TemporaryDirectory(prefix="run-python-") as streams:
         paths = tuple(str(Path(streams, name)) for name in ("stdin", "stdout", "stderr"))
         Path(paths[0]).write_text(input or "")
         for path in paths[1:]:
             Path(path).touch()
-        process = _CONTEXT.Process(target=_run_main, args=(argv[1:], workdir, environ, paths), name="script")
-        process.start()
-        process.join(timeout)
+        processes = []
+        for rank in range(nprocs):
+            rank_env = environ if nprocs == 1 else {**environ, **_torchrun_variables(rank, nprocs, port)}
+            processes.append(_CONTEXT.Process(target=_run_main, args=(argv[1:], workdir, rank_env, paths), name=f"script-{rank}"))
+        for process in processes:
+            process.start()
+        finished, code = _wait_like_torchrun(processes, timeout)
         out, err = (Path(p).read_text(errors="replace") for p in paths[1:])
-        if process.exitcode is None:
-            process.kill()
-            process.join()
+        if not finished:
             raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err)
-    code: Any = process.exitcode
     return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def _torchrun_variables(rank: int, nprocs: int, port: str) -> dict[str, str]:
+    """What ``torchrun --standalone --nproc_per_node nprocs`` sets for worker `rank` (one machine; the worker hosts the
+    store, as there is no agent)."""
+    size = str(nprocs)
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+            "WORLD_SIZE": size, "LOCAL_WORLD_SIZE": size, "ROLE_WORLD_SIZE": size, "GROUP_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none"}
+
+
+def _wait_like_torchrun(processes: list[Any], timeout: float, grace: float = 5.0) -> tuple[bool, int]:
+    """Wait for `processes`; once one fails, SIGTERM the rest and SIGKILL what is left after `grace` seconds. Returns
+    whether they were all done within `timeout` seconds (else all are killed) and the first failure's exit code (0: none)."""
+    deadline = time.monotonic() + timeout
+    first_failure, stop_by = 0, None
+    while any(p.exitcode is None for p in processes):
+        now = time.monotonic()
+        if now > deadline or (stop_by is not None and now > stop_by):
+            for p in processes:
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()
+            return now <= deadline, first_failure
+        if stop_by is None and (failed := [p.exitcode for p in processes if p.exitcode not in (None, 0)]):
+            first_failure, stop_by = failed[0], now + grace
+            for p in processes:
+                if p.exitcode is None:
+                    p.terminate()
+        connection.wait([p.sentinel for p in processes if p.exitcode is None], timeout=0.2)
+    if not first_failure:
+        first_failure = next((p.exitcode for p in processes if p.exitcode), 0)
+    return True, first_failure

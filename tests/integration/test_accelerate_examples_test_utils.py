@@ -1,5 +1,7 @@
 """Accelerate's own test scripts (``accelerate/test_utils/scripts`` of Accelerate 1.15), with only the import rename,
-on two gloo processes through ``trainer launch``: each passes where it passes under Accelerate itself on this machine.
+on two gloo processes started as ``trainer launch`` starts them (forked from the tests' warm server with the variables
+it and ``torchrun`` set; a real launch is `test_accelerate_examples`'s ``nlp_example_2proc``): each passes where it
+passes under Accelerate itself on this machine.
 
 ``tests/fixtures/accelerate_examples/test_utils_scripts/accelerate_results.json`` records which pass under Accelerate
 (two processes, ``torchrun``, CPU); a script that fails there (it needs GPUs) is skipped with Accelerate's own error.
