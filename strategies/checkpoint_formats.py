@@ -13,7 +13,7 @@ import random
 import shutil
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,13 @@ def torch_save(obj: Any, path: Path) -> None:
     torch.save(obj, path)
 
 
-def torch_load(path: Path, map_location: Any = "cpu", data: Any = None) -> Any:
-    """`torch.load` that refuses anything but tensors and plain containers: of the file `path`, or of `data`, its
-    contents as a binary file."""
+def torch_load(path: Path, map_location: Any = "cpu", data: Any = None, allowed: Sequence[type] = ()) -> Any:
+    """`torch.load` that refuses anything but tensors, plain containers and the `allowed` classes (which torch's
+    weights-only unpickler builds from their saved attributes, an enum from its value): of the file `path`, or of
+    `data`, its contents as a binary file."""
     try:
-        return torch.load(path if data is None else data, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(list(allowed)) if allowed else contextlib.nullcontext():
+            return torch.load(path if data is None else data, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"refusing to load {path}: it holds objects other than tensors and plain containers ({err}). "

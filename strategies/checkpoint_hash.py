@@ -143,38 +143,75 @@ class MemoryFile(io.RawIOBase):
         return self._pos
 
 
-class HashingMemoryFile(MemoryFile):
-    """A `MemoryFile` that hashes what is read through it, in the pass that copies it out: reads that go on from where
-    hashing stands (a parser reading the file front to back) are hashed slice by slice from the copy, while it is in
-    the cache, instead of in a second pass over the whole file; small skips ahead are hashed from the buffer on the
-    way. `hexdigest` hashes the rest (what was read out of order or never) from the buffer: the digest is always
-    that of the whole buffer, in order.
+class HashingReadFile(io.RawIOBase):
+    """A read-only binary file that hashes what is read through it, in the pass that reads it: each slice the
+    kernel copies into the reader's buffer (for ``torch.load``, a new tensor's storage) is hashed right after, while
+    it is in the cache. No mapping (whose page faults made a copy out of it slower than a read) and no second pass.
+
+    Reads that go on from where hashing stands (a parser reading the file front to back) are hashed on the way;
+    small skips ahead are read and hashed on the way; `finish` hashes the rest (what was read out of order or never)
+    from the file: the digest is always that of the whole file, in order.
+
+    Args:
+        fh: the file, opened unbuffered (``open(path, "rb", buffering=0)``); read with its own position.
+        algorithm: the hash (`HASHES`).
     """
 
-    def __init__(self, buffer: Any, algorithm: str) -> None:
-        super().__init__(buffer)
+    def __init__(self, fh: Any, algorithm: str) -> None:
+        super().__init__()
+        self._fh, self._size, self._pos = fh, os.fstat(fh.fileno()).st_size, 0
         self._hasher, self._hashed = new_hasher(algorithm), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def _read_at(self, out: memoryview, offset: int) -> int:
+        self._fh.seek(offset)
+        n: int = self._fh.readinto(out) or 0
+        return n
+
+    def _hash_to(self, end: int | None) -> None:
+        """Hash the file's bytes from where hashing stands to `end` (None: the file's end), read again."""
+        stop = self._size if end is None else end
+        scratch = memoryview(bytearray(min(_CHUNK, max(1 << 16, stop - self._hashed))))
+        while end is None or self._hashed < end:
+            n = self._read_at(scratch if end is None else scratch[: min(len(scratch), end - self._hashed)], self._hashed)
+            if n <= 0:
+                break
+            self._hasher.update(scratch[:n])
+            self._hashed += n
 
     def readinto(self, b: Any) -> int:
         out = memoryview(b).cast("B")
         start = self._pos
-        n = max(0, min(len(out), len(self._view) - start))
-        if n and self._hashed < start <= self._hashed + _SLICE:  # a small skip (a zip's names, alignment): hashed here
-            self._hasher.update(self._view[self._hashed : start])
-            self._hashed = start
-        for i in range(0, n, _SLICE):
-            j = min(n, i + _SLICE)
-            out[i:j] = self._view[start + i : start + j]
-            if start + i <= self._hashed < start + j:
-                self._hasher.update(out[self._hashed - start : j])
-                self._hashed = start + j
-        self._pos = start + n
-        return n
+        want = max(0, min(len(out), self._size - start))
+        if want and self._hashed < start <= self._hashed + _SLICE:  # a small skip (a zip's names, alignment): hashed here
+            self._hash_to(start)
+        got = 0
+        while got < want:
+            n = self._read_at(out[got : min(want, got + _SLICE)], start + got)
+            if n <= 0:
+                break
+            if start + got == self._hashed:
+                self._hasher.update(out[got : got + n])
+                self._hashed += n
+            got += n
+        self._pos = start + got
+        return got
 
-    def hexdigest(self) -> str:
-        """The digest of the whole buffer (hashing what the reads did not)."""
-        if self._hashed < len(self._view):
-            self._hasher.update(self._view[self._hashed :])
-            self._hashed = len(self._view)
+    def finish(self) -> tuple[int, str]:
+        """The size and digest of the whole file (hashing what the reads did not)."""
+        self._hash_to(None)
         digest: str = self._hasher.hexdigest()
-        return digest
+        return self._hashed, digest

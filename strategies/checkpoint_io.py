@@ -54,7 +54,7 @@ from strategies.checkpoint_formats import (
 from strategies.checkpoint_hash import (
     HASHES,
     LEGACY_HASH,
-    HashingMemoryFile,
+    HashingReadFile,
     MemoryFile,
     choose_hash,
     digest_of,
@@ -399,28 +399,29 @@ class CheckpointReader:
     def _open(self, path: Path) -> MemoryFile:
         return MemoryFile(self.read(path.relative_to(self.directory).as_posix()))
 
-    def torch_load(self, name: str, map_location: Any = "cpu") -> Any:
-        """`torch_load` of the file `name`, returned once the file is checked.
+    def torch_load(self, name: str, map_location: Any = "cpu", *, allowed: Sequence[type] = ()) -> Any:
+        """`torch_load` of the file `name` (tensors, plain containers and the `allowed` classes), returned once the
+        file is checked.
 
-        The file is hashed in the pass that parses it (`HashingMemoryFile`: each slice hashed as it is copied out,
-        while in the cache), into new memory and without executing anything (``weights_only``); nothing parsed is
+        The file is hashed in the pass that parses it (`HashingReadFile`: each slice hashed right after it is read
+        into the new tensor, while in the cache), without executing anything (``weights_only``); nothing parsed is
         returned before the digest matched, and a parse that failed on a damaged file is reported as the damage.
         """
         if not self.hashes:
-            return torch_load(self.path(name), map_location=map_location)
+            return torch_load(self.path(name), map_location=map_location, allowed=allowed)
         if name not in (self.expected or {}):
             raise _refusal(self.directory, [f"{name} is not in its manifest"])
         ahead = self._ahead.pop(name, None)
         if ahead is not None:
             ahead[1].cancel()  # (hashed here instead)
-        data = ahead[0] if ahead is not None else map_file(self.path(name))[0]
-        stream = HashingMemoryFile(data, self.algorithm)
-        try:
-            state = torch_load(self.path(name), map_location=map_location, data=stream)
-        except Exception:
-            self._check(name, len(data), stream.hexdigest())  # (damage explains the failure: refuse as damaged)
-            raise
-        self._check(name, len(data), stream.hexdigest())
+        with open(self.path(name), "rb", buffering=0) as fh:
+            stream = HashingReadFile(fh, self.algorithm)
+            try:
+                state = torch_load(self.path(name), map_location=map_location, data=stream, allowed=allowed)
+            except Exception:
+                self._check(name, *stream.finish())  # (damage explains the failure: refuse as damaged)
+                raise
+            self._check(name, *stream.finish())
         return state
 
     def read_json(self, name: str) -> Any:

@@ -24,6 +24,7 @@ import contextlib
 import copy
 import json
 import os
+import pickle
 import re
 import sys
 from collections.abc import Iterator
@@ -533,7 +534,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         # engine's recovery scripts, and the exported weights
         unread = [name for name in _owned(engine_files, self.rank) if not _reads(name, self.rank)]
         unread += [name for i in range(len(models)) if self.rank == 0 and (name := store.model_file(i)) in (reader.expected or {})]
-        reader.prefetch([name for name in engine_files if _reads(name, self.rank)] + unread)  # checked while the engine loads
+        reader.prefetch(unread)  # checked while the engine loads (the files it reads are hashed in the pass that parses them)
         with _through(engine, reader=reader if reader.hashes else None):
             loaded, _ = engine.load_checkpoint(
                 str(path / store.DEEPSPEED_DIR),
@@ -657,14 +658,35 @@ class _ThroughCheckpointIO:
             self._writer.save_torch(name, state_dict)  # type: ignore[union-attr]
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        name = _inside(path, self._reader.directory) if self._reader is not None else None
-        if name is None:
+        """The file at `path`, checked: parsed without running anything (tensors, plain containers and the few
+        DeepSpeed classes its files hold, `_saved_classes`) and hashed in that pass, returned once the digest
+        matched; a file holding other objects (another DeepSpeed version's, a config's) is checked whole first, then
+        unpickled as DeepSpeed does."""
+        reader = self._reader
+        name = _inside(path, reader.directory) if reader is not None else None
+        if reader is None or name is None:
             return self._inner.load(path, map_location=map_location)
-        data: Any = MemoryFile(self._reader.read(name))  # type: ignore[union-attr]
-        return torch.load(data, map_location=map_location, weights_only=False)  # DeepSpeed's own files: its pickles
+        try:
+            return reader.torch_load(name, map_location, allowed=_saved_classes())
+        except checkpoint_io.CheckpointError as err:
+            if not isinstance(err.__cause__, pickle.UnpicklingError):  # (damage: refused by the check above)
+                raise
+        data: Any = MemoryFile(reader.read(name))  # intact, with other objects: DeepSpeed's own pickles, checked whole
+        return torch.load(data, map_location=map_location, weights_only=False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _saved_classes() -> list[type]:
+    """The classes of DeepSpeed's own that its ZeRO checkpoint files hold (0.19: the optimizer files' loss scaler,
+    ZeRO stage and parameter fragment addresses), which torch's weights-only unpickler may build (from their saved
+    attributes; the stage from its value)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def _inside(path: str, folder: Path) -> str | None:

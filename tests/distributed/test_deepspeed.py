@@ -254,6 +254,45 @@ def _weights_alone_error(root: str) -> str:
     return "loaded"
 
 
+def _checked_loads(root: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], str]:
+    """Load root/state twice on a fresh engine: with the engine's files hashed in the pass that parses them (the
+    DeepSpeed classes they hold allowed), then as for files holding other objects (checked whole, then unpickled); then
+    once more after process 0 flipped a byte in the middle of process 1's optimizer file. Returns both loads' weights
+    and the last load's error."""
+    from strategies import DeepSpeedStrategy
+    from strategies import deepspeed as deepspeed_strategy
+    from strategies.checkpoint_io import CheckpointError
+    from trainer import Accelerator
+
+    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=2, export_weights=False))
+    net = Net()
+    model, _ = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=0.01))
+    state = Path(root) / "state"
+    loaded = []
+    allowed = deepspeed_strategy._saved_classes
+    for classes in (allowed, list):
+        deepspeed_strategy._saved_classes = classes  # (list: none allowed)
+        try:
+            acc.load_state(state)
+        finally:
+            deepspeed_strategy._saved_classes = allowed
+        loaded.append({k: v.clone() for k, v in acc.get_state_dict(model).items()})
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        damaged = state / "deepspeed/state/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        data = bytearray(damaged.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        damaged.write_bytes(bytes(data))
+    acc.wait_for_everyone()
+    try:
+        acc.load_state(state)
+        error = "loaded"
+    except CheckpointError as err:
+        error = str(err)
+    acc.end_training()
+    return loaded[0], loaded[1], error
+
+
 def test_deepspeed_checkpoint_without_exported_weights_hashes_the_engine_files_as_written_and_resumes(tmp_path: Path) -> None:
     import xxhash
 
@@ -271,6 +310,9 @@ def test_deepspeed_checkpoint_without_exported_weights_hashes_the_engine_files_a
     resumed = run_distributed(_save_resume_export, str(tmp_path), 2, True, False)
     assert [k for k in straight[0] if not torch.equal(straight[0][k], resumed[0][k])] == []
     assert "export_weights=False" in _weights_alone_error(str(tmp_path))
+    for in_pass, checked_whole, error in run_distributed(_checked_loads, str(tmp_path)):  # (every process)
+        assert [k for k in in_pass if not torch.equal(in_pass[k], checked_whole[k])] == []
+        assert "zero_pp_rank_1_mp_rank_00_optim_states.pt was modified" in error, error
 
 
 def _bad_use(case: str):

@@ -231,16 +231,19 @@ def test_the_default_hash_and_the_choice() -> None:
     [(3000, 10), (100, 50)],  # most bytes never read
 ])
 @pytest.mark.parametrize("slice_size", [1 << 20, 64])  # (64: reads span many slices; large skips are left to the end)
-def test_a_hashing_memory_file_gives_the_whole_buffer_s_digest_for_any_reads(
-    reads: list[tuple[int, int]], slice_size: int, monkeypatch: pytest.MonkeyPatch,
+def test_a_hashing_read_file_gives_the_whole_file_s_size_and_digest_for_any_reads(
+    reads: list[tuple[int, int]], slice_size: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(checkpoint_hash, "_SLICE", slice_size)
     data = bytes(range(256)) * 40  # 10,240 bytes
+    (tmp_path / "f").write_bytes(data)
     algorithm = "xxh3_128"
-    stream = checkpoint_hash.HashingMemoryFile(data, algorithm)
-    for offset, size in reads:
-        stream.seek(offset)
-        out = bytearray(size)
-        n = stream.readinto(out)
-        assert bytes(out[:n]) == data[offset : offset + n]
-    assert stream.hexdigest() == checkpoint_hash.digest_of(data, algorithm) == xxhash.xxh3_128(data).hexdigest()
+    with open(tmp_path / "f", "rb", buffering=0) as fh:
+        stream = checkpoint_hash.HashingReadFile(fh, algorithm)
+        for offset, size in reads:
+            stream.seek(offset)
+            out = bytearray(size)
+            n = stream.readinto(out)
+            assert bytes(out[:n]) == data[offset : offset + n]
+        assert stream.finish() == (len(data), checkpoint_hash.digest_of(data, algorithm))
+    assert checkpoint_hash.digest_of(data, algorithm) == xxhash.xxh3_128(data).hexdigest()
