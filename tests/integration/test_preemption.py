@@ -30,8 +30,10 @@ def _env() -> dict[str, str]:
 
 
 def _one_process(root: Path, signame: str, **env: str) -> subprocess.CompletedProcess:
+    from tests.helpers.scripts import run_python  # (a real process forked from the warm server: its signals are the subject)
+
     cmd = [sys.executable, "-m", "tests.integration.test_preemption", str(root), signame]
-    return subprocess.run(cmd, cwd=root, env={**_env(), **env}, capture_output=True, text=True, timeout=240)
+    return run_python(cmd, cwd=root, env={**_env(), **env}, timeout=240)
 
 
 def _two_processes(root: Path, signame: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """Resume after ``kill -9``: a training process that dies (at a step drawn from a seed, during validation,
 or in the middle of writing a checkpoint) is restarted with ``fit(ckpt_path="last")`` and ends with the same
-weights as a run that was never interrupted. Each phase runs in its own Python process
-(``python -m tests.integration.test_resume_kill``). Part of the fault-injection suite (``pytest -m faults``).
+weights as a run that was never interrupted. Each phase runs in its own process (``python -m
+tests.integration.test_resume_kill``, forked from the tests' warm server by `tests.helpers.scripts.run_python`). Part of the fault-injection suite (``pytest -m faults``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.scripts import run_python
+
 pytestmark = pytest.mark.faults
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +31,7 @@ def _phase(root: Path, *, kill_at_step: int = 0, kill_in_save_at_step: int = 0, 
     cmd = [sys.executable, "-m", "tests.integration.test_resume_kill", str(root), str(kill_at_step), str(kill_in_save_at_step),
            str(kill_in_val_at_step), "curriculum" if curriculum else "plain"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    return run_python(cmd, cwd=root, env=env, timeout=240)  # (a real process, forked from the warm server, really killed)
 
 
 def _straight_weights(root: Path, validate_every: int = 0) -> dict[str, Any]:
