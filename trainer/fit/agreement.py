@@ -39,7 +39,7 @@ import torch
 from trainer.accelerator.signals import SignalRecorder
 
 if TYPE_CHECKING:
-    from callbacks.view import TrainerView
+    from trainer.fit.run_state import RunState
 
 FIRST_GAP = 8  # batches before the first timed agreement (the batch time is not known yet)
 
@@ -83,11 +83,12 @@ class LoopAgreement:
         self._since += 1
         return self._countdown <= 0
 
-    def agree(self, trainer: TrainerView) -> bool:
-        """Make every process agree on stopping and on a received signal; returns the agreed stop.
+    def agree(self, state: RunState) -> bool:
+        """Make every process agree on stopping (the run `state`'s ``should_stop``) and on a received signal; returns
+        the agreed stop.
 
-        The agreed stop lands in ``trainer.should_stop`` and the signal in `signal` on every process."""
-        state = trainer.run_state
+        The agreed stop lands in ``state.should_stop`` (``trainer.should_stop``) and the signal in `signal` on every
+        process."""
         stop: bool = state.should_stop
         received = self.signals.received
         if self.several:

@@ -77,7 +77,7 @@ class TrainBatch:
         self.check_nonfinite = trainer._args.on_nonfinite is not None  # the opt-in per-batch agreement
         # without it: a device-side flag of the losses trained on, read where the loop synchronizes anyway
         self.watch_losses = not self.check_nonfinite and not trainer.loss_health.warned_nonfinite
-        self.optimizer: Any = trainer.optimizers[0] if trainer.optimizers else None
+        self.optimizer: Any = state.optimizers[0] if state.optimizers else None
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
         self.clip_optimizers = [self.inner_optimizer] if self.optimizer is not None else []
@@ -117,7 +117,7 @@ class TrainBatch:
         if boundary and (progress.batches_that_stepped + 1) % trainer.log_every_n_steps == 0:
             trainer._send_to_trackers(self.results.flush_step(), progress.batches_that_stepped)
         if boundary and self.agreement.due():
-            return not self.agreement.agree(trainer)
+            return not self.agreement.agree(self.state)
         return True
 
     def _automatic(self, batch: Any, batch_idx: int, boundary: bool) -> Any:
@@ -171,7 +171,7 @@ class TrainBatch:
     def _zero_grad_through_hook(self, batch_idx: int) -> None:
         """The module's ``optimizer_zero_grad(epoch, batch_idx, optimizer)``, with the torch optimizer (Lightning hands
         it the strategy's optimizer, not the step wrapper)."""
-        self.module.optimizer_zero_grad(self.trainer.current_epoch, batch_idx, self.inner_optimizer)
+        self.module.optimizer_zero_grad(self.state.current_epoch, batch_idx, self.inner_optimizer)
 
     def _automatic_through_hook(self, batch: Any, batch_idx: int, boundary: bool) -> Any:
         """`_automatic` for a module overriding ``optimizer_step`` (or ``configure_gradient_clipping``), as Lightning
@@ -191,7 +191,7 @@ class TrainBatch:
             output = outputs[-1]
             return output if type(output) is torch.Tensor else _loss_of(output)
 
-        self.module.optimizer_step(self.trainer.current_epoch, batch_idx, self.step_optimizer, optimizer_closure)
+        self.module.optimizer_step(self.state.current_epoch, batch_idx, self.step_optimizer, optimizer_closure)
         if not outputs:
             raise RuntimeError(
                 f"{type(self.module).__name__}.optimizer_step(epoch, batch_idx, optimizer, optimizer_closure) did not run "
@@ -312,9 +312,10 @@ class ProfiledTrainBatch(TrainBatch):
 
 def step_schedulers(trainer: Trainer, interval: str, *, update_plateau: bool) -> None:
     """Step the schedulers configured for `interval` ("step" or "epoch") whose frequency is due."""
-    count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+    state = trainer.run_state
+    count = state.global_step if interval == "step" else state.current_epoch + 1
     module = trainer.attached_module
-    for config in trainer.lr_scheduler_configs:
+    for config in state.lr_scheduler_configs:
         if config.interval != interval or count % config.frequency or not module.automatic_optimization:
             continue
         metric = None
@@ -337,7 +338,8 @@ def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
     """``on_nonfinite``: the processes agreed this batch is skipped; say why, or stop (every process raises)."""
     local = loss is not None and not bool(torch.isfinite(loss.detach()).all())
     value = float(loss.detach().float().flatten()[0]) if loss is not None else None
-    where = f"step {trainer.global_step}, epoch {trainer.current_epoch}, batch {batch_idx}"
+    state = trainer.run_state
+    where = f"step {state.global_step}, epoch {state.current_epoch}, batch {batch_idx}"
     if trainer._args.on_nonfinite == "stop":
         bad = next((name for name, p in trainer.attached_module.named_parameters() if not bool(torch.isfinite(p.detach()).all())), None)
         weights = f"parameter {bad!r} is already non-finite" if bad else "the parameters are still finite"

@@ -134,7 +134,7 @@ def scale_batch_size(
     batch_arg_name: str, margin: float, max_val: int,
 ) -> int | None:
     """Run the search inside `trainer`'s running ``fit``/``validate``/``test``/``predict`` and put the run back."""
-    stage = trainer.stage or "fit"
+    stage = trainer.run_state.stage or "fit"
     if trainer._args.fast_dev_run:
         log.warning("Skipping batch size scaler since `fast_dev_run` is enabled.")
         return None

@@ -55,7 +55,8 @@ def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_
         The checkpoint directory, or with `async_save` the `PendingSave` handle of its background write.
     """
     target = Path(dirpath).absolute()
-    meta = {"global_step": int(trainer.global_step), "epoch": int(trainer.current_epoch)}
+    state = trainer.run_state
+    meta = {"global_step": state.global_step, "epoch": state.current_epoch}
     pending = save_state(trainer.accelerator, target, meta=meta, async_save=async_save, weights_only=weights_only)
     return pending if async_save else target
 
@@ -109,8 +110,8 @@ def build_checkpoint_state(trainer: Trainer) -> dict[str, Any]:
             callback_states[key] = state
     checkpoint: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
-        "epoch": int(trainer.current_epoch),
-        "global_step": int(trainer.global_step),
+        "epoch": trainer.run_state.current_epoch,
+        "global_step": trainer.run_state.global_step,
         "loops": trainer.run_state.state_dict(),  # {"fit_loop": the loop position}
         "callbacks": callback_states,
         "hyper_parameters": dict(module.hparams) if module is not None else {},
@@ -175,7 +176,7 @@ def restore_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> None:
     """
     directory = Path(path)
     accelerator = trainer.accelerator
-    if trainer.stage not in (None, "fit"):
+    if trainer.run_state.stage not in (None, "fit"):
         verify_checkpoint(directory, share=(accelerator.process_index, accelerator.num_processes, accelerator.gather_object))
         return _restore_weights(trainer, directory)
     module = trainer.lightning_module
@@ -250,7 +251,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | os.PathLike[str] | None
     """
     if ckpt_path is None:
         return None
-    resuming = trainer.stage in (None, "fit")
+    resuming = trainer.run_state.stage in (None, "fit")
     if ckpt_path == "last":
         found = store.newest_of(_checkpoint_dirs(trainer), resumable=resuming)
         if found is None and resuming and (weights := store.newest_of(_checkpoint_dirs(trainer))) is not None:

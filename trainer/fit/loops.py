@@ -127,7 +127,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
             "fit would take no step. Check that the data set yields items on every pass (after set_epoch), or pass a non-empty one"
         )
     _, logged = _end_of_epoch(trainer, "train")
-    trainer._send_to_trackers(logged, max(trainer.logging_step - 1, 0))  # at the epoch's last step, as its last step values
+    trainer._send_to_trackers(logged, max(state.logging_step - 1, 0))  # at the epoch's last step, as its last step values
     trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on this epoch, read at its end (where the loop synchronizes)
     epoch_over = progress.batches_done_in_epoch >= total or progress.is_last_batch
     if epoch_over or not state.max_steps_reached():  # an epoch cut short by max_steps stays open, so a resume continues it
@@ -141,7 +141,7 @@ def _validate(trainer: Trainer, val_loaders: list[Any] | None) -> bool:
     with profile(trainer, "validation"):
         eval_loop(trainer, "validation", val_loaders or [], trainer.loaders.val_limits)  # puts the module back in its modes
     trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on so far, read after the validation synchronized
-    return trainer.agreement.agree(trainer)
+    return trainer.agreement.agree(trainer.run_state)
 
 
 def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -194,7 +194,7 @@ def _timed_batches(profiler: Any, batches: Any) -> Any:
 def _next_epoch(trainer: Trainer, *, update_plateau: bool) -> None:
     step_schedulers(trainer, "epoch", update_plateau=update_plateau)
     trainer.run_state.progress.next_epoch()
-    trainer.agreement.agree(trainer)  # every process learns whether one of them asked to stop
+    trainer.agreement.agree(trainer.run_state)  # every process learns whether one of them asked to stop
 
 
 def _validation_due(trainer: Trainer, batch_idx: int, last: bool) -> bool:

@@ -242,34 +242,35 @@ def lr_find(
             f"{type(module).__name__} uses manual optimization, where nothing would step it. Find the lr with automatic "
             "optimization, or sweep the lr in training_step yourself"
         )
-    if len(trainer.optimizers) != 1:
+    state = trainer.run_state
+    if len(state.optimizers) != 1:
         raise ValueError(
-            f"the learning rate finder needs exactly one optimizer; configure_optimizers returned {len(trainer.optimizers)}. "
+            f"the learning rate finder needs exactly one optimizer; configure_optimizers returned {len(state.optimizers)}. "
             "Run it on a module with one optimizer"
         )
     finder = LRFinder(mode, min_lr, max_lr, num_training)
-    optimizer = trainer.optimizers[0]
+    optimizer = state.optimizers[0]
     inner = getattr(optimizer, "optimizer", optimizer)
     with state_kept(trainer, "lr_find") as saved:
-        start = trainer.global_step
+        start = state.global_step
         for group in inner.param_groups:
             group["lr"] = min_lr
             group["initial_lr"] = min_lr
         schedule = _RangeSchedule(inner, max_lr, num_training, exponential=mode == "exponential")
         recorder = _LRCallback(schedule, early_stop_threshold)
-        trainer.lr_scheduler_configs = [LRSchedulerConfig(scheduler=schedule, interval="step")]
+        state.lr_scheduler_configs = [LRSchedulerConfig(scheduler=schedule, interval="step")]
         run_training(trainer, [recorder], max_steps=start + num_training, val_loaders=None)
-        if trainer.global_step != start + num_training:
-            log.info(f"LR finder stopped early after {trainer.global_step} steps due to diverging loss.")
+        if state.global_step != start + num_training:
+            log.info(f"LR finder stopped early after {state.global_step} steps due to diverging loss.")
         results = {"lr": recorder.lrs, "loss": recorder.losses}
         finder.results = trainer.strategy.broadcast_object(results) if trainer.world_size > 1 else results
-        saved.batch_idx = trainer.run_state.progress.batches_done_in_epoch
+        saved.batch_idx = state.progress.batches_done_in_epoch
     finder._total_batch_idx = saved.batch_idx
     if update_attr:
         lr = finder.suggestion()
         if lr is not None:
             set_attr(module, attr_name, lr)
-            for opt in trainer.optimizers:
+            for opt in state.optimizers:
                 for group in opt.param_groups:
                     group["lr"] = lr
             log.info(f"Learning rate set to {lr}")

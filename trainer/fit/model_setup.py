@@ -33,11 +33,11 @@ class ModelSetup:
     def release_previous_fit(self) -> None:
         """A later ``fit`` of this Trainer (after ``Tuner.lr_find``, or to train on) starts clean: the optimizers, schedulers
         and train loader the previous one prepared leave the accelerator, so checkpoints hold this fit's alone."""
-        old = self.trainer.loaders.train
-        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        old, state = self.trainer.loaders.train, self.trainer.run_state
+        schedulers = [config.scheduler for config in state.lr_scheduler_configs]
         parts = list(old.flattened) if isinstance(old, CombinedLoader) else [old] if old is not None else []
-        self.trainer.accelerator.prepared.forget(*self.trainer.optimizers, *schedulers, *parts)
-        self.trainer.optimizers, self.trainer.lr_scheduler_configs, self.trainer.loaders.train = [], [], None
+        self.trainer.accelerator.prepared.forget(*state.optimizers, *schedulers, *parts)
+        state.optimizers, state.lr_scheduler_configs, self.trainer.loaders.train = [], [], None
 
     def configure_optimizers(self, module: TrainModule) -> None:
         """Prepare `module` first, then build its optimizers: a sharding strategy replaces the parameters they step."""
@@ -62,12 +62,12 @@ class ModelSetup:
             strategy.agree_clipping(self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm)
             prepared = self.prepare(module, *optimizers)
             self.model, self.prepared_for = prepared[0], id(module)
-            self.trainer.optimizers = list(prepared[1:])
+            self.trainer.run_state.optimizers = list(prepared[1:])
         else:
-            self.trainer.optimizers = [self.trainer.accelerator.prepare_optimizer(o) for o in optimizers]
+            self.trainer.run_state.optimizers = [self.trainer.accelerator.prepare_optimizer(o) for o in optimizers]
         for config in configs:  # prepared so that checkpoints hold their state; stepped by the loop itself
             self.trainer.accelerator.prepare_scheduler(config.scheduler)
-        self.trainer.lr_scheduler_configs = configs
+        self.trainer.run_state.lr_scheduler_configs = configs
 
     def prepare(self, module: TrainModule, *optimizers: Any) -> Any:
         """`Accelerator.prepare` of the module (and, for an engine, its optimizers), compiled after it when asked."""

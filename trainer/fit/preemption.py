@@ -35,13 +35,14 @@ def checkpoint_and_exit(trainer: Trainer) -> None:
     """Write the preemption checkpoint (every process), point ``last.json`` at it, and raise `Preempted`."""
     callback = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
     folder = callback.resolve_dirpath(trainer) if callback is not None else default_checkpoint_dir(trainer)
-    path = folder / f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}"
+    state = trainer.run_state
+    path = folder / f"preempted-epoch={state.current_epoch}-step={state.global_step}"
     trainer.save_checkpoint(path, async_save=False)  # (waits for a save in flight first; the process exits next)
     signum = int(trainer.agreement.signal)
     if trainer.is_global_zero:
         write_last_pointer(folder, path)
         name = signal.Signals(signum).name
-        print(f"Trainer: {name} received; saved {path} at step {trainer.global_step}; exiting with code {128 + signum}. "
+        print(f"Trainer: {name} received; saved {path} at step {state.global_step}; exiting with code {128 + signum}. "
               'Resume with fit(..., ckpt_path="last").', flush=True)
         if signum == getattr(signal, "SIGUSR1", None):
             requeue_slurm_job()

@@ -1,6 +1,6 @@
 """`RunState`: what one run of the `Trainer` owns, as one object.
 
-    state = trainer.run_state              # built by Trainer._run for each fit/validate/test/predict
+    state = trainer.run_state              # built with the Trainer; each fit/validate/test/predict begins it
     state.stage, state.training, state.sanity_checking   # what the run is doing
     state.progress                         # where the fit is (`LoopProgress`): epoch, steps, the accumulation window
     state.max_epochs, state.max_steps      # how long the fit trains
@@ -14,11 +14,13 @@ The loops (`trainer.fit.loops`), the batch (`trainer.fit.batch`), the searches (
 onto it (`RunStateField`), so what a user script reads or sets on the Trainer is this object's.
 
 Optimizer steps and the accumulation window are counted in one place, the `LoopProgress` it holds
-(``count_step``, ``batch_backward``, ``end_batch``); the boundary rule itself is the step's
+(``count_step``, ``advance_window``, ``end_batch``); the boundary rule itself is the step's
 (`trainer.accelerator.stepper.Stepper.at_position`). Anchors: Composer's ``State`` (``composer/core/state.py``:
 the run's state as one object the engine passes around, with its own ``state_dict``), Lightning's ``TrainerState``
 (stage, training, sanity checking) with its loop progress objects (``loops/progress.py``: the saved position and its
-restart rules), and torchtitan's ``TrainState``.
+restart rules), and torchtitan's ``TrainState``. Narrower than Composer's: the model, the loaders, the callbacks and
+the metrics stay with their owners, so a snapshot is cheap and the checkpoint holds only the position (the tensors go
+through the Accelerator's checkpoint parts). See docs/architecture.md, "The run state".
 """
 
 from __future__ import annotations

@@ -553,36 +553,37 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ fit
     def _fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, ckpt_path: str | None) -> None:
-        self.run_state.begin_fit()
+        state = self.run_state  # what the loops below advance (trainer.fit.run_state)
+        state.begin_fit()
         self.model_setup.release_previous_fit()
         self.loaders.sources, self.loaders.stale = (train_dataloaders, val_dataloaders), False
         self.loss_health.reset()
         self.loaders.moves_batches = moves_batches_itself(self)
-        val_loaders, built_at = self.loaders.build_fit(module, train_dataloaders, val_dataloaders), self.current_epoch
+        val_loaders, built_at = self.loaders.build_fit(module, train_dataloaders, val_dataloaders), state.current_epoch
         self.model_setup.configure_optimizers(module)
         self._restore(ckpt_path)
-        if self._args.reload_dataloaders_every_n_epochs and self.current_epoch != built_at:
+        if self._args.reload_dataloaders_every_n_epochs and state.current_epoch != built_at:
             val_loaders = self.loaders.reload_resumed(module, train_dataloaders, val_dataloaders)
         self._dispatch.call("on_fit_start")
         if self.loaders.stale:  # a BatchSizeFinder set a new batch size (trainer.fit.batch_size_scaling)
             val_loaders, self.loaders.stale = self.loaders.build_fit(module, train_dataloaders, val_dataloaders, reload=True), False
         module.zero_grad()  # as Lightning: no gradient left from an earlier run reaches the first step
-        if val_loaders and self.num_sanity_val_steps != 0 and self.global_step == 0:
+        if val_loaders and self.num_sanity_val_steps != 0 and state.global_step == 0:
             loops.sanity_check(self, val_loaders)
-        self.training = True
+        state.training = True
         self._dispatch.call("on_train_start")
         reload_every = self._args.reload_dataloaders_every_n_epochs
         # the loaders are (re)built at the epochs that are multiples of reload_every, counted from epoch 0, so that a
         # resumed run reloads at the same epochs as the uninterrupted one (its loaders, just built, stand for the last one)
-        last_reload = self.current_epoch - self.current_epoch % reload_every if reload_every else 0
+        last_reload = state.current_epoch - state.current_epoch % reload_every if reload_every else 0
         while not loops.fit_done(self):
-            if reload_every and self.current_epoch - last_reload >= reload_every and self.run_state.progress.batches_done_in_epoch == 0:
-                val_loaders, last_reload = self.loaders.build_fit(module, train_dataloaders, val_dataloaders, reload=True), self.current_epoch
+            if reload_every and state.current_epoch - last_reload >= reload_every and state.progress.batches_done_in_epoch == 0:
+                val_loaders, last_reload = self.loaders.build_fit(module, train_dataloaders, val_dataloaders, reload=True), state.current_epoch
             with profile(self, "run_training_epoch"):
                 loops.train_epoch(self, val_loaders)
             if preemption.due(self):
                 preemption.checkpoint_and_exit(self)
-        self.run_state.end_fit()
+        state.end_fit()
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
@@ -733,10 +734,11 @@ class Trainer:
     def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
         """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
         (default: `logging_step`); nothing while sanity checking."""
-        if not metrics or self.sanity_checking:
+        state = self.run_state
+        if not metrics or state.sanity_checking:
             return
-        step = self.logging_step if step is None else step
-        values = {**metrics, "epoch": self.current_epoch} if epoch else dict(metrics)
+        step = state.logging_step if step is None else step
+        values = {**metrics, "epoch": state.current_epoch} if epoch else dict(metrics)
         self.warn_if_nonfinite(values)
         dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
         dispatch.call_callbacks("on_log_metrics", values, step)
@@ -755,8 +757,9 @@ class Trainer:
         trackers, one the progress bar shows) is NaN or inf and no ``on_nonfinite`` policy watches the loss; where values
         were read, or where the loop synchronizes anyway (``synchronized``), the device-side total of the losses trained
         on is read too (`LossHealth.check`). Costs no synchronization of its own."""
-        if self._args.on_nonfinite is None and self.training and not self.sanity_checking:
-            self.loss_health.check(values, synchronized=synchronized, step=self.global_step, epoch=self.current_epoch)
+        state = self.run_state
+        if self._args.on_nonfinite is None and state.training and not state.sanity_checking:
+            self.loss_health.check(values, synchronized=synchronized, step=state.global_step, epoch=state.current_epoch)
 
 
 def _barebones_log(name: str, *args: Any) -> None:
