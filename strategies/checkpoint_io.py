@@ -403,25 +403,30 @@ class CheckpointReader:
         """`torch_load` of the file `name` (tensors, plain containers and the `allowed` classes), returned once the
         file is checked.
 
-        The file is hashed in the pass that parses it (`HashingReadFile`: each slice hashed right after it is read
-        into the new tensor, while in the cache), without executing anything (``weights_only``); nothing parsed is
-        returned before the digest matched, and a parse that failed on a damaged file is reported as the damage.
+        Parsed into new memory without executing anything (``weights_only``) while it is hashed: on the helper
+        thread when the file was `prefetch`ed (a free core hashes it meanwhile), else in the pass that reads it
+        (`HashingReadFile`: each slice hashed right after it is read into the new tensor, while in the cache).
+        Nothing parsed is returned before the digest matched, and a parse that failed on a damaged file is reported
+        as the damage.
         """
         if not self.hashes:
             return torch_load(self.path(name), map_location=map_location, allowed=allowed)
         if name not in (self.expected or {}):
             raise _refusal(self.directory, [f"{name} is not in its manifest"])
         ahead = self._ahead.pop(name, None)
-        if ahead is not None:
-            ahead[1].cancel()  # (hashed here instead)
-        with open(self.path(name), "rb", buffering=0) as fh:
-            stream = HashingReadFile(fh, self.algorithm)
+        with contextlib.ExitStack() as stack:
+            if ahead is None:
+                stream = HashingReadFile(stack.enter_context(open(self.path(name), "rb", buffering=0)), self.algorithm)
+                finish = stream.finish
+            else:
+                stream = None
+                finish = lambda: (len(ahead[0]), ahead[1].result())  # noqa: E731
             try:
                 state = torch_load(self.path(name), map_location=map_location, data=stream, allowed=allowed)
             except Exception:
-                self._check(name, *stream.finish())  # (damage explains the failure: refuse as damaged)
+                self._check(name, *finish())  # (damage explains the failure: refuse as damaged)
                 raise
-            self._check(name, *stream.finish())
+            self._check(name, *finish())
         return state
 
     def read_json(self, name: str) -> Any:

@@ -140,6 +140,29 @@ def test_an_optimizer_file_damaged_where_it_cannot_be_parsed_is_refused_as_damag
     assert _same(before, model.state_dict()) and repr(opt.state_dict()) == before_opt
 
 
+@pytest.mark.parametrize("ahead", [False, True])  # hashed in the pass that reads it, or on the helper meanwhile
+def test_a_torch_file_is_returned_only_once_checked_on_either_read_path(tmp_path: Path, ahead: bool) -> None:
+    state = {"a": torch.arange(300_000, dtype=torch.float32), "b": [torch.ones(3), 7]}
+    writer = CheckpointWriter(tmp_path / "ckpt")
+    writer.clear_staging()
+    writer.save_torch("state.bin", state)
+    path = writer.commit({})
+    reader = checkpoint_io.open_checkpoint(path)
+    if ahead:
+        reader.prefetch(["state.bin"])
+    loaded = reader.torch_load("state.bin")
+    assert torch.equal(loaded["a"], state["a"]) and torch.equal(loaded["b"][0], state["b"][0]) and loaded["b"][1] == 7
+    assert "state.bin" in reader.checked
+    data = bytearray((path / "state.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # (inside the tensor's bytes: the parse succeeds, the digest differs)
+    (path / "state.bin").write_bytes(bytes(data))
+    reader = checkpoint_io.open_checkpoint(path)
+    if ahead:
+        reader.prefetch(["state.bin"])
+    with pytest.raises(CheckpointError, match=r"state\.bin was modified"):
+        reader.torch_load("state.bin")
+
+
 def test_a_file_nobody_loads_is_still_checked(tmp_path: Path) -> None:
     writer = CheckpointWriter(tmp_path / "ckpt")
     writer.clear_staging()
