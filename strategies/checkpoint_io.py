@@ -16,8 +16,7 @@ go); this module writes and reads the files. A checkpoint directory (`Accelerato
 
 `CheckpointWriter` stages it in ``.<name>.partial`` and hashes each file in the pass that writes it (DCP's shard
 files too); `CheckpointReader` checks each file against the manifest in the pass that reads it, before any of it
-is used (a ``torch.save`` file is hashed in the pass that parses it into new memory, and returned only once
-checked). The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
+is used (a ``torch.save`` file is parsed into new memory while it is hashed, and returned only once checked). The hash (xxh3-128 by default, SHA-256 as an option) is `strategies.checkpoint_hash`'s.
 """
 
 from __future__ import annotations
@@ -325,8 +324,8 @@ class CheckpointReader:
 
     Each file a load reads comes through a method here: mapped, hashed (the one pass that reads it from disk),
     compared with its manifest digest, and only then parsed from memory, so a damaged file is refused with a
-    `CheckpointError` naming it before any of its bytes are used (`torch_load` hashes in the pass that parses into
-    new memory, and returns nothing before the check). What a load applied from the files it read before stays
+    `CheckpointError` naming it before any of its bytes are used (`torch_load` parses into new memory while the
+    file is hashed, and returns nothing before the check). What a load applied from the files it read before stays
     applied. Inside `agreed()` the processes finish together: a file no process read is hashed then (split across
     the processes), and a problem any process found is raised on every process.
 

@@ -508,7 +508,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         optimizers: list[torch.optim.Optimizer], *, strict: bool = True,
     ) -> None:
         """The engine's own checkpoint when there is one (each file checked in the pass that reads it, before the
-        engine unpickles it: `_ThroughCheckpointIO`), else the weights alone."""
+        engine uses any of it: `_ThroughCheckpointIO`), else the weights alone."""
         reader = reader if isinstance(reader, checkpoint_io.CheckpointReader) else checkpoint_io.CheckpointReader(reader)
         path = reader.directory
         if not (path / store.DEEPSPEED_DIR).is_dir() or self.engine is None:
@@ -644,8 +644,8 @@ def _reads(name: str, rank: int) -> bool:
 class _ThroughCheckpointIO:
     """DeepSpeed's checkpoint engine (``engine.checkpoint_engine``, which opens every file the engine saves and
     loads), with its files going through ours: what it saves through `writer` (hashed in the pass that writes it,
-    flushed with the checkpoint's other files; torch's zip format), what it loads through `reader` (checked against
-    the manifest in the pass that reads it, before DeepSpeed unpickles any of it). Everything else is the engine's."""
+    flushed with the checkpoint's other files; torch's zip format), what it loads through `reader` (parsed weights-only
+    and hashed in that pass, returned once checked against the manifest; `load`). Everything else is the engine's."""
 
     def __init__(self, inner: Any, writer: checkpoint_io.CheckpointWriter | None, reader: checkpoint_io.CheckpointReader | None) -> None:
         self._inner, self._writer, self._reader = inner, writer, reader
