@@ -8,13 +8,20 @@ import copy
 import pytest
 import torch
 from torch import nn
-from torchao.float8 import Float8LinearConfig  # torchao is in the test extra
-from torchao.float8.float8_linear import Float8Linear
 
 from strategies import fp8
 from trainer import Accelerator
 from trainer.state import AcceleratorState
 from trainer.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+
+
+def _float8() -> tuple[type, type]:
+    """torchao's ``Float8Linear`` and ``Float8LinearConfig`` (torchao is in the test extra; imported when a test needs
+    it, not to collect: it takes seconds)."""
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+
+    return Float8Linear, Float8LinearConfig
 
 
 def _mlp() -> nn.Sequential:
@@ -31,6 +38,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_convert_swaps_the_linears_the_default_filter_allows_and_trains() -> None:
+    Float8Linear, _ = _float8()
     torch.manual_seed(0)
     model = _mlp()
     reference = copy.deepcopy(model)
@@ -69,6 +77,7 @@ def test_convert_swaps_the_linears_the_default_filter_allows_and_trains() -> Non
 
 
 def test_recipe_flags_config_and_filter_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    Float8Linear, Float8LinearConfig = _float8()
     config = fp8.float8_config(AORecipeKwargs())
     assert config.pad_inner_dim is True and config.enable_fsdp_float8_all_gather is True  # Accelerate's defaults
     config = fp8.float8_config(AORecipeKwargs(pad_inner_dim=False, enable_fsdp_float8_all_gather=False))
@@ -156,6 +165,7 @@ _FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (
 
 @pytest.mark.skipif(not _FP8_GPU, reason="needs an NVIDIA GPU of compute capability 8.9+")
 def test_accelerator_prepare_converts_before_wrapping_and_trains_on_gpu() -> None:
+    Float8Linear, _ = _float8()
     torch.manual_seed(0)
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
     assert accelerator.fp8_enabled and accelerator.fp8_backend == "AO" and accelerator.mixed_precision == "fp8"
@@ -181,6 +191,7 @@ def test_accelerator_prepare_converts_before_wrapping_and_trains_on_gpu() -> Non
 
 
 def test_accelerates_ao_helpers_from_trainer_utils() -> None:
+    Float8Linear, _ = _float8()
     from trainer.utils import convert_model_to_fp8_ao, filter_first_and_last_linear_layers, has_ao_layers
 
     model = _mlp()
