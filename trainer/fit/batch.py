@@ -145,7 +145,7 @@ class TrainBatch:
                 "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
                 stacklevel=3,
             )
-        if progress.at_boundary:  # Lightning's place: the window's first batch, after training_step
+        if progress.accumulation_position == 0:  # the window's first batch (Lightning's place: after training_step)
             if "on_before_zero_grad" in hooks:
                 hooks["on_before_zero_grad"](self.optimizer)
             self.zero_grad(batch_idx)

@@ -4,7 +4,7 @@ It is the position part of the run's state (`trainer.fit.run_state.RunState.prog
 ``current_epoch`` and ``should_stop`` read it. It is the one place that counts: optimizer steps (`count_step`, the
 only increment of `global_step`), the accumulation window (`advance_window`: the position the step's
 boundary rule, `Stepper.at_position`, is asked about) and the batches of an epoch (`end_batch`, `close_stepping_batch`,
-`next_epoch`); the loops and the batch call these and write no field themselves. Its `state_dict` is the
+`next_epoch`); the loops and the batch call these and write none of those counts themselves. Its `state_dict` is the
 ``loops.fit_loop`` entry of a checkpoint, and `load_state_dict` owns the rules for restarting from a checkpoint written
 at any point of a batch (see there).
 """
@@ -56,8 +56,7 @@ class LoopProgress:
     def advance_window(self, boundary: bool, backward: bool) -> None:
         """A batch of the window ran (automatic optimization). `backward`: its backward ran, and its gradients wait
         for the window's optimizer step; `boundary`: it ended the window (the step's rule, `Stepper.at_position`)."""
-        if backward:
-            self.accumulated += 1
+        self.accumulated += backward  # (a bool: 1 when the backward ran)
         self.accumulation_position = 0 if boundary else self.accumulation_position + 1
 
     def rewind_window(self, position: int) -> None:
@@ -73,8 +72,8 @@ class LoopProgress:
         """Training batch `batch_idx` is over (`last`: the epoch's last); returns whether it ended a window (every
         batch in manual optimization), which then counts in `batches_that_stepped` once `close_stepping_batch` runs."""
         self.batches_done_in_epoch, self.is_last_batch = batch_idx + 1, last
-        self.stepping_batch_open = self.accumulation_position == 0
-        return self.stepping_batch_open
+        self.stepping_batch_open = boundary = self.accumulation_position == 0
+        return boundary
 
     def close_stepping_batch(self) -> None:
         """A window's last batch counts once its step values and any validation after it were logged at its step."""
