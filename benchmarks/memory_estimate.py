@@ -1,6 +1,6 @@
 """The memory estimate against the measured peak of one training iteration, over a grid of configurations.
 
-    python -m benchmarks.memory_estimate [--quick] [--markdown out.md]
+    python -m benchmarks.memory_estimate [--quick] [--strategies deepspeed_stage_2,deepspeed_stage_3] [--markdown out.md]
     python -m benchmarks.memory_estimate --gpu      # on a CUDA machine: the estimate against torch.cuda.max_memory_allocated
 
 Grid: a tiny ``transformers`` Llama (built locally from `LlamaConfig`: hidden 64, 2 layers, vocabulary 128; batch
@@ -9,9 +9,9 @@ Grid: a tiny ``transformers`` Llama (built locally from `LlamaConfig`: hidden 64
 
 *Predicted*: `trainer.utils.estimate_memory` (fake tensors, nothing allocated). *Measured*: one real iteration on the
 CPU, set up by the real strategy, under PyTorch's trackers (`trainer.planning.measure.measure_iteration`: `MemTracker`,
-and `FSDPMemTracker` for FSDP2, in a real 2-process gloo group), after one untracked iteration. DeepSpeed is
-estimated but not measured (its engine allocates its partitions outside the trackers). *Weights only*: the whole
-model's weights in the parameter dtype, what `accelerate estimate-memory` reports, as a fraction of the measured peak.
+and `FSDPMemTracker` for FSDP2, in a real 2-process gloo group; for DeepSpeed, `MemTracker` entered before the engine
+is built), after one untracked iteration. *Weights only*: the whole model's weights in the parameter dtype, what
+`accelerate estimate-memory` reports, as a fraction of the measured peak.
 """
 
 from __future__ import annotations
@@ -69,15 +69,15 @@ def tiny_llama() -> nn.Module:
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {"llama": (tiny_llama, (128,)), "mlp": (MLP, (64, 512))}
 STRATEGY_PROCESSES = {"single": 1, "ddp": 2, "fsdp": 2, "deepspeed_stage_2": 2, "deepspeed_stage_3": 2}
-MEASURED = ("single", "ddp", "fsdp")
 
 
-def grid(models: Iterable[str], *, quick: bool, batch_size: int = 8) -> list[tuple[str, Setup]]:
-    """(model name, setup) for every configuration of the grid (``quick``: AdamW only)."""
+def grid(models: Iterable[str], *, quick: bool, batch_size: int = 8,
+         strategies: Iterable[str] = tuple(STRATEGY_PROCESSES)) -> list[tuple[str, Setup]]:
+    """(model name, setup) for every configuration of the grid (``quick``: AdamW only), of `strategies`."""
     optimizers = ("adamw",) if quick else ("adamw", "sgd")
     out = []
     for name, strategy, ac, precision, opt in itertools.product(
-        models, STRATEGY_PROCESSES, (False, True), ("32-true", "bf16-mixed", "bf16-true"), optimizers
+        models, strategies, (False, True), ("32-true", "bf16-mixed", "bf16-true"), optimizers
     ):
         if strategy.startswith("deepspeed") and precision == "bf16-true":
             continue  # refused: DeepSpeed keeps float32 master weights
@@ -133,11 +133,11 @@ def measure_two_processes(configs: list[tuple[str, Setup]]) -> list[dict[str, in
         return json.loads(Path(folder, "rank0.json").read_text())  # type: ignore[no-any-return]
 
 
-def run(*, quick: bool) -> list[dict[str, Any]]:
-    configs = grid(MODELS, quick=quick)
+def run(*, quick: bool, strategies: Iterable[str] = tuple(STRATEGY_PROCESSES)) -> list[dict[str, Any]]:
+    configs = grid(MODELS, quick=quick, strategies=strategies)
     single = [i for i, (_, setup) in enumerate(configs) if setup.strategy == "single"]
-    distributed = [i for i, (_, setup) in enumerate(configs) if setup.strategy in MEASURED and i not in single]
-    measured = dict(zip(distributed, measure_two_processes([configs[i] for i in distributed]), strict=True))
+    distributed = [i for i, (_, setup) in enumerate(configs) if i not in single]
+    measured = dict(zip(distributed, measure_two_processes([configs[i] for i in distributed]), strict=True)) if distributed else {}
     measured.update(zip(single, measure_all([configs[i] for i in single]), strict=True))
     return [_row(name, setup, measured.get(i)) for i, (name, setup) in enumerate(configs)]
 
@@ -193,6 +193,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="AdamW only")
+    parser.add_argument("--strategies", default=",".join(STRATEGY_PROCESSES), help="comma-separated; default: all five")
     parser.add_argument("--gpu", action="store_true", help="the single-GPU rows (torch.cuda.max_memory_allocated) instead")
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -200,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu and not torch.cuda.is_available():
         print("--gpu needs a CUDA device; none is available")
         return 2
-    rows = run_gpu() if args.gpu else run(quick=args.quick)
+    strategies = [name for name in args.strategies.split(",") if name]
+    unknown = sorted(set(strategies) - set(STRATEGY_PROCESSES))
+    if unknown:
+        parser.error(f"--strategies {','.join(unknown)}: choose among {','.join(STRATEGY_PROCESSES)}")
+    rows = run_gpu() if args.gpu else run(quick=args.quick, strategies=strategies)
     table = markdown(rows)
     print(table)
     if args.markdown:

@@ -52,6 +52,7 @@ INSTALL_HINT = "pip install 'trainwright[deepspeed]' (or pip install deepspeed)"
 _TAG = "state"  # the engine's checkpoint tag inside our directory: one engine checkpoint per directory
 _AUTO = "auto"
 _UNSET: Any = object()
+REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size (elements)
 
 
 def import_deepspeed(device: torch.device) -> Any:
@@ -82,6 +83,21 @@ def load_config(config: dict[str, Any] | str | os.PathLike[str] | None) -> dict[
     if not isinstance(data, dict):
         raise ValueError(f"DeepSpeed config file {str(path)!r} holds a {type(data).__name__}, not a JSON object")
     return data
+
+
+def reduce_bucket_size(configured: Any, module: nn.Module) -> int:
+    """The elements of ZeRO's gradient bucket for `module`: the config's ``reduce_bucket_size`` when it sets one (not
+    ``"auto"``), else DeepSpeed's default (5e8) capped at the module's trainable elements.
+
+    Stages 1-3 allocate the bucket whole, whatever the model's size (``setup_buckets`` in DeepSpeed's
+    ``stage_1_and_2.py``; stage 3 for the engine's life, ``_setup_for_real_optimizer``): 2 GB in float32 for a model
+    of a few million parameters. A bucket holds gradients until they are reduced, so one as large as the model is
+    never full before backward ends: the cap reduces the same gradients at the same points and frees the rest.
+    """
+    if configured != _AUTO:
+        return int(configured)
+    elements = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters() if p.requires_grad)  # (ZeRO-3: whole)
+    return max(1, min(REDUCE_BUCKET_ELEMENTS, elements))
 
 
 def _agree(what: str, ours: Any, theirs: Any, default: Any) -> Any:
@@ -239,9 +255,12 @@ class DeepSpeedStrategy(Strategy, Engine):
             )
         self.config["gradient_clipping"] = float(value)
 
-    def engine_config(self, batch_size: int | None) -> dict[str, Any]:
-        """The final config for ``deepspeed.initialize``."""
+    def engine_config(self, batch_size: int | None, module: nn.Module | None = None) -> dict[str, Any]:
+        """The final config for ``deepspeed.initialize`` (of `module`: its gradient bucket, `reduce_bucket_size`)."""
         config = copy.deepcopy(self.config)
+        if module is not None:
+            zero = config["zero_optimization"]
+            zero["reduce_bucket_size"] = reduce_bucket_size(zero.get("reduce_bucket_size", _AUTO), module)
         for name, section in self.precision.engine_config().items():  # keep the user's other bf16/fp16 options
             config[name] = {**config.get(name, {}), **section}
         if config.get("gradient_accumulation_steps", _AUTO) == _AUTO:
@@ -329,7 +348,7 @@ class DeepSpeedStrategy(Strategy, Engine):
             )
         materialize_if_empty(self, module)  # built on the meta device (empty_init=True below stage 3): allocate and initialize
         optimizers = [repoint_optimizer(self, opt, "DeepSpeed cannot take its state") for opt in optimizers]
-        config = self.engine_config(batch_size)
+        config = self.engine_config(batch_size, module)
         if not optimizers and "optimizer" not in config and self.zero_stage < 3:
             # no optimizer (evaluation): below stage 3 nothing is partitioned, so the plain module runs as the engine would
             module = module.to(self.device) if move else module

@@ -122,9 +122,38 @@ def test_bad_model_and_budget():
     assert read_size("80GiB") == 80 * 2**30
 
 
-def test_zero2_counts_deepspeeds_whole_gradient_bucket_whatever_the_models_size() -> None:
-    """DeepSpeed ZeRO-2 allocates its gradient bucket at ``reduce_bucket_size`` elements (5e8) for any model; a hand
-    check with MemTracker on a one-process run of a 3.6M-parameter Llama saw 2.0 GB of it (docs/memory.md). Before,
-    the estimate bounded the bucket by the model's size and said 113 MB there."""
-    small = estimate_memory(tiny_llama, strategy="deepspeed_stage_2", num_processes=2, batch_size=1, seq_len=16, device="cpu")
-    assert small.to_dict()["per_process"]["at_peak"]["temporaries"] >= 500_000_000 * 4  # the float32 bucket (the model: 0.1 M)
+def test_deepspeed_gradient_bucket_is_the_models_size_unless_configured_and_the_estimate_follows() -> None:
+    """ZeRO allocates its gradient bucket whole (``reduce_bucket_size``; DeepSpeed's default 5e8 elements, 2 GB in
+    float32, a hand check with MemTracker saw it on a 3.6M-parameter Llama). `DeepSpeedStrategy` caps the default at
+    the model's trainable elements, keeps a configured size, and the estimate counts the bucket the strategy passes."""
+    from strategies.deepspeed import REDUCE_BUCKET_ELEMENTS, DeepSpeedStrategy
+
+    model = meta_copy(_model("llama"))
+    elements = sum(p.numel() for p in model.parameters())
+    zero = DeepSpeedStrategy(cpu=True).engine_config(2, model)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == elements
+    auto = DeepSpeedStrategy(cpu=True, config={"zero_optimization": {"reduce_bucket_size": "auto"}})
+    assert auto.engine_config(2, model)["zero_optimization"]["reduce_bucket_size"] == elements
+    mine = DeepSpeedStrategy(cpu=True, config={"zero_optimization": {"reduce_bucket_size": 1000}})
+    assert mine.engine_config(2, model)["zero_optimization"]["reduce_bucket_size"] == 1000
+    with torch.device("meta"):
+        huge = torch.nn.Linear(40_000, 20_000)  # 8e8 elements
+    assert DeepSpeedStrategy(cpu=True).engine_config(2, huge)["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMENTS
+    setup = _setup("llama", "32-true", False, "adamw", "deepspeed_stage_2", 2)
+    small = estimate_setup(model, setup)
+    assert small.temporaries < 3 * elements * 4  # the bucket and its flattened copy: the model's size each, not 2 GB
+
+
+def test_zero_defaults_are_deepspeeds() -> None:
+    """The ZeRO-3 settings the estimate takes from DeepSpeed's defaults (our strategy passes none) are DeepSpeed's."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    from strategies.deepspeed import import_deepspeed
+
+    import_deepspeed(torch.device("cpu"))  # (DeepSpeed picks its accelerator at import)
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from trainer.planning.zero import ZERO_DEFAULTS
+
+    config = DeepSpeedZeroConfig(stage=3)
+    for key, value in ZERO_DEFAULTS.items():
+        assert getattr(config, key.removeprefix("stage3_")) == value, key

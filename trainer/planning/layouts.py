@@ -9,9 +9,9 @@
   ``num_processes``: each repeated block its own unit, then the root, the precision's `MixedPrecisionPolicy`, the
   blocks checkpointed first (as `FSDPStrategy.setup_module` does). The tracker sees the shards, the unsharded units
   and FSDP's all-gather / reduce-scatter buffers of a real run.
-* ``deepspeed_stage_2`` / ``deepspeed_stage_3``: DeepSpeed's engine cannot run on fake tensors, so its partitioning is
-  modelled on a fake run of the module in the engine's dtype (`_zero_layout`): unsharded (stage 2) or sharded like
-  FSDP (stage 3), with DeepSpeed's float32 master partition, optimizer state and gradient partition in place of torch's.
+* ``deepspeed_stage_2`` / ``deepspeed_stage_3``: the module as it is, in the engine's dtype, through the strategy's
+  `DeepSpeedPrecision`: the compute of the iteration. DeepSpeed's engine cannot run on fake tensors, so its
+  partitions and buffers are counted around that run for the whole model (`trainer.planning.zero`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ STRATEGIES = ("single", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 PRECISIONS = {"32-true": "no", "bf16-mixed": "bf16", "bf16-true": "bf16-true"}  # ours -> the strategies' modes
 OPTIMIZERS = ("adamw", "sgd")
 DEVICES = ("cuda", "cpu")
-_STATE_PER_ELEMENT = {"adamw": 2, "sgd": 1}  # AdamW: exp_avg, exp_avg_sq; SGD: the momentum buffer
-_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size (stage 2's gradient bucket)
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class Setup:
 
     @property
     def sharded(self) -> bool:
-        """Whether parameters are sharded (a fake process group, FSDP's tracker)."""
+        """Whether parameters are sharded (gathered for each forward and backward)."""
         return self.strategy in ("fsdp", "deepspeed_stage_3")
 
 
@@ -86,7 +84,7 @@ def prepare(model: nn.Module, blocks: Blocks, setup: Setup, mesh: object) -> nn.
     precision = precision_for(setup)
     if setup.activation_checkpointing:
         apply_activation_checkpointing(model, blocks.classes)
-    if setup.sharded:
+    if setup.strategy == "fsdp":
         policy = precision.mp_policy() if isinstance(precision, FSDPPrecision) else None
         apply_fsdp(model, mesh, mp_policy=policy)  # FSDPStrategy's default units: the blocks, then the root
     precision.convert_module(model)
@@ -99,47 +97,20 @@ def trace(model: nn.Module, blocks: Blocks, setup: Setup) -> Tally:
 
     cpu = torch.device("cpu")
     with contextlib.ExitStack() as stack:
-        mesh = stack.enter_context(fake_mesh(setup.num_processes)) if setup.sharded else None
+        fsdp = setup.strategy == "fsdp"
+        mesh = stack.enter_context(fake_mesh(setup.num_processes)) if fsdp else None
         stack.enter_context(FakeTensorMode())
         model = prepare(fake_parameters(model, cpu, module_dtype(precision_for(setup))), blocks, setup, mesh)
         optimizer = build_optimizer(setup.optimizer, model, setup.device)
         prime_optimizer(model, optimizer)
         batch = make_batch(model, setup.batch_size, setup.shape, cpu)
-        tally = tracked_iteration(model, optimizer, batch, sharded=setup.sharded)
-        trainable = [(p.numel(), p.element_size()) for p in model.parameters() if p.requires_grad]  # (a DTensor's: whole)
-    if setup.strategy == "ddp":
-        return _with_buckets(tally, sum(n * size for n, size in trainable))
-    if setup.strategy.startswith("deepspeed"):
-        return _zero_layout(tally, setup, trainable)
-    return tally
+        tally = tracked_iteration(model, optimizer, batch, sharded=fsdp)
+        trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return _with_buckets(tally, trainable) if setup.strategy == "ddp" else tally
 
 
 def _with_buckets(tally: Tally, bucket_bytes: int) -> Tally:
     """DDP: the reducer's flat gradient buckets, held through every phase (temporaries: communication buffers)."""
     for phase in tally.phases.values():
         phase["temporaries"] += bucket_bytes
-    return tally
-
-
-def _zero_layout(tally: Tally, setup: Setup, trainable: list[tuple[int, int]]) -> Tally:
-    """DeepSpeed ZeRO-2/3 on the fake run of the module in the engine's dtype (see the module docstring).
-
-    Each process keeps 1/N of: float32 master weights, float32 optimizer state, float32 gradients (the averaged
-    partition). Stage 2 also allocates one gradient bucket of ``reduce_bucket_size`` elements in the engine's dtype at
-    backward (``contiguous_gradients``; ``setup_buckets`` in DeepSpeed's ``stage_1_and_2.py`` makes it that size
-    whatever the model's: 2 GB in float32 for a model of a few million parameters, measured with `MemTracker` on a
-    one-process ZeRO-2 run of a 3.6M-parameter Llama); stage 3's gathered parameters are those of the FSDP-like fake run.
-    """
-    n = setup.num_processes
-    elements = sum(count for count, _ in trainable)
-    engine_bytes = max((size for _, size in trainable), default=4)
-    optimizer = (4 + 4 * _STATE_PER_ELEMENT[setup.optimizer]) * elements // n
-    gradients = 4 * elements // n
-    bucket = 0 if setup.sharded else _REDUCE_BUCKET_ELEMENTS * engine_bytes
-    for name, phase in tally.phases.items():
-        phase["optimizer"] = optimizer
-        phase["gradients"] = gradients
-        if name == "backward":
-            phase["temporaries"] += bucket
-    tally.optimizer, tally.gradients = optimizer, gradients
     return tally

@@ -6,10 +6,13 @@ The module is set up exactly as a run sets it up (`SingleDeviceStrategy` / `DDPS
 their `Precision`, the repeated blocks checkpointed and, for FSDP, each its own unit), trained one untracked
 iteration (so the optimizer holds its state), then one iteration under `torch.distributed._tools`' `MemTracker`
 (`FSDPMemTracker` for FSDP): `trainer.planning.trace.tracked_iteration`, the function the estimate runs on fake
-tensors. DeepSpeed's engine is not measured here: it allocates its flat partitions outside what the trackers follow.
+tensors. DeepSpeed's engine (`measure_zero`) builds its flat partitions inside ``deepspeed.initialize``, so there the
+tracker is entered before the engine is built and follows every allocation of the engine's life.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +22,7 @@ from strategies.base import Strategy
 from strategies.blocks import find_blocks
 from trainer.planning.layouts import PRECISIONS, Setup, build_optimizer
 from trainer.planning.models import compute_loss, make_batch
-from trainer.planning.trace import Tally, tracked_iteration
+from trainer.planning.trace import Tally, iterate, memory_tracker, tracked_iteration
 
 
 def _strategy(setup: Setup, block_classes: tuple[type[nn.Module], ...], cpu: bool) -> Strategy:
@@ -37,10 +40,11 @@ def _strategy(setup: Setup, block_classes: tuple[type[nn.Module], ...], cpu: boo
 
         ac = block_classes if setup.activation_checkpointing else None
         return FSDPStrategy(cpu=cpu, precision=mode, activation_checkpointing_policy=ac)  # sharded as by default
-    raise ValueError(
-        f"strategy={setup.strategy!r} cannot be measured on the CPU with PyTorch's trackers (DeepSpeed allocates its "
-        "partitions outside them); measure 'single', 'ddp' or 'fsdp'"
-    )
+    if setup.strategy.startswith("deepspeed"):
+        from strategies.deepspeed import DeepSpeedStrategy  # lazy: only the measured strategy
+
+        return DeepSpeedStrategy(cpu=cpu, zero_stage=int(setup.strategy[-1]), precision=mode)
+    raise ValueError(f"strategy={setup.strategy!r} is not one of single, ddp, fsdp, deepspeed_stage_2, deepspeed_stage_3")
 
 
 def _set_up(model: nn.Module, setup: Setup, *, cpu: bool) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
@@ -63,6 +67,8 @@ def _set_up(model: nn.Module, setup: Setup, *, cpu: bool) -> tuple[nn.Module, to
 
 def measure_iteration(model: nn.Module, setup: Setup) -> Tally:
     """Set `model` (real, on the CPU; consumed) up as `setup` says, train one iteration, then measure the next."""
+    if setup.strategy.startswith("deepspeed"):
+        return measure_zero(model, setup)
     wrapped, optimizer, batch = _set_up(model, setup, cpu=True)
     return tracked_iteration(wrapped, optimizer, batch, sharded=setup.strategy == "fsdp")
 
@@ -78,3 +84,49 @@ def measure_cuda_peak(model: nn.Module, setup: Setup) -> int:
     optimizer.zero_grad()
     torch.cuda.synchronize()
     return int(torch.cuda.max_memory_allocated())
+
+
+def measure_zero(model: nn.Module, setup: Setup) -> Tally:
+    """DeepSpeed ZeRO-2/3 (inside a launched process group): `MemTracker` entered before ``deepspeed.initialize``, so
+    it follows the engine's flat partitions, buckets and gathered parameters from their allocation; one iteration
+    (the engine's backward and step), then the next measured.
+
+    The tracker names what it allocates by when: a tensor made while the engine is built is an "activation" to it.
+    So before the measured iteration, and again after its step, what the engine holds is named (`_name_zero_state`):
+    the module's parameters (ZeRO-3: their partitions) as parameters, the float32 master partitions and the optimizer's
+    states as optimizer state (the estimate's categories).
+    """
+    blocks = find_blocks(model)
+    strategy = _strategy(setup, blocks.classes, cpu=True)
+    strategy.setup_environment()
+    if setup.activation_checkpointing:
+        apply_activation_checkpointing(model, blocks.classes)
+    tracker = memory_tracker()
+    with tracker:
+        optimizer = build_optimizer(setup.optimizer, model, "cpu")
+        engine: Any = strategy.setup_module_and_optimizers(model, [optimizer], batch_size=setup.batch_size)[0]
+        strategy.precision.convert_module(strategy.unwrap_module(engine))
+        batch = make_batch(model, setup.batch_size, setup.shape, strategy.device)
+
+        def step() -> None:
+            engine.step()
+            _name_zero_state(tracker, engine)
+
+        engine.backward(compute_loss(engine, batch))
+        step()
+        tracker.reset_mod_stats()  # (its per-module statistics allow one iteration)
+        return iterate(tracker, lambda: compute_loss(engine, batch), engine.backward, step)
+
+
+def _name_zero_state(tracker: Any, engine: Any) -> None:
+    """Name what a ZeRO engine holds in the tracker's categories: parameters, and optimizer state (see `measure_zero`)."""
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    zero = engine.optimizer
+    tracker.track_external(engine.module, zero.optimizer)  # the parameters (ZeRO-2: the flat buffer), the states
+    for param in engine.module.parameters():
+        if hasattr(param, "ds_tensor"):  # ZeRO-3: this process's partition
+            tracker._update_and_maybe_create_winfos(param.ds_tensor, _MemRefType.PARAM)
+    masters = getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", [])
+    for master in masters:
+        tracker._update_and_maybe_create_winfos(master, _MemRefType.OPT)

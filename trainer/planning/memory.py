@@ -21,6 +21,7 @@ from strategies.blocks import find_blocks
 from trainer.planning.layouts import DEVICES, OPTIMIZERS, PRECISIONS, STRATEGIES, Setup, trace
 from trainer.planning.models import ModelSource, is_language_model, keep_blocks, load_meta_model, meta_copy
 from trainer.planning.trace import CATEGORIES, Tally
+from trainer.planning.zero import zero_layout
 
 _TRACED_BLOCKS = (4, 5)  # models with more blocks are traced with these many and extrapolated
 
@@ -119,12 +120,11 @@ def tally_setup(base: Any, setup: Setup) -> tuple[Tally, int, tuple[int, ...]]:
     """The tally of one iteration of `base` as `setup` runs it, its block count, and the block counts traced."""
     _check_shape_fits(base, setup)
     blocks = find_blocks(base)
-    # FSDPStrategy shards a model without blocks as one unit (its default); the others need the blocks
-    if (setup.activation_checkpointing or (setup.sharded and setup.strategy != "fsdp")) and not blocks.classes:
-        what = "activation_checkpointing" if setup.activation_checkpointing else f"strategy={setup.strategy!r}"
+    # FSDPStrategy shards a model without blocks as one unit (its default); checkpointing needs the blocks
+    if setup.activation_checkpointing and not blocks.classes:
         raise ValueError(
-            f"{what} needs the model's repeated blocks (to checkpoint or shard them), but {type(base).__name__} has no "
-            "_no_split_modules and no nn.ModuleList of same-class modules; hold the blocks in an nn.ModuleList"
+            f"activation_checkpointing needs the model's repeated blocks (to checkpoint them), but {type(base).__name__} has "
+            "no _no_split_modules and no nn.ModuleList of same-class modules; hold the blocks in an nn.ModuleList"
         )
     if blocks.count > _TRACED_BLOCKS[-1]:
         low, high = (trace(keep_blocks(meta_copy(base), blocks, k), blocks, setup) for k in _TRACED_BLOCKS)
@@ -132,6 +132,8 @@ def tally_setup(base: Any, setup: Setup) -> tuple[Tally, int, tuple[int, ...]]:
         traced: tuple[int, ...] = _TRACED_BLOCKS
     else:
         tally, traced = trace(meta_copy(base), blocks, setup), (blocks.count,)
+    if setup.strategy.startswith("deepspeed"):  # the engine's partitions and buffers, for the whole model
+        tally = zero_layout(tally, setup, base)
     return tally, blocks.count, traced
 
 

@@ -93,9 +93,12 @@ class Tally:
 
 
 def _ours(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
-    """A tracker snapshot (per device, per tracker category) as bytes per category of ours, devices summed."""
+    """A tracker snapshot (per device, per tracker category) as bytes per category of ours, devices summed; the meta
+    device holds no memory (DeepSpeed keeps meta copies of its parameters' shapes, which the tracker counts)."""
     out = dict.fromkeys(CATEGORIES, 0)
-    for per_device in snapshot.values():
+    for device, per_device in snapshot.items():
+        if torch.device(device).type == "meta":
+            continue
         for key, value in per_device.items():
             name = getattr(key, "value", key)
             if name != "Total":
@@ -110,11 +113,22 @@ def make_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torc
 
         sharded_tracker = FSDPMemTracker(model, optimizer)
         sharded_tracker.track_inputs((batch,))
-        return sharded_tracker
+        return global_peak_only(sharded_tracker)
+    tracker = memory_tracker()
+    tracker.track_external(model, optimizer, batch)
+    return tracker
+
+
+def memory_tracker() -> Any:
+    """A `MemTracker` that keeps the global peak only (`global_peak_only`)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer, batch)
+    return global_peak_only(MemTracker())
+
+
+def global_peak_only(tracker: Any) -> Any:
+    """`tracker` without its per-module peaks (unused here; they walk every module at every op)."""
+    tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)
     return tracker
 
 
@@ -128,20 +142,31 @@ def tracked_iteration(
 ) -> Tally:
     """Run forward, backward, ``optimizer.step()`` and ``zero_grad()`` once under a tracker; return its tally."""
     tracker = make_tracker(model, optimizer, batch, sharded=sharded)
-    tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)
-    phases: dict[str, dict[str, int]] = {}
-    with tracker:
-        loss = loss_fn(model, batch)
-        after_forward = _ours(tracker.get_tracker_snapshot("current"))
-        phases["forward"] = _phase_peak(tracker)
-        loss.backward()
-        del loss
-        after_backward = _ours(tracker.get_tracker_snapshot("current"))
-        phases["backward"] = _phase_peak(tracker)
+
+    def step() -> None:
         optimizer.step()
         optimizer.zero_grad()
-        after_step = _ours(tracker.get_tracker_snapshot("current"))
-        phases["step"] = _phase_peak(tracker)
+
+    with tracker:
+        return iterate(tracker, lambda: loss_fn(model, batch), torch.Tensor.backward, step)
+
+
+def iterate(tracker: Any, forward: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], Any],
+            step: Callable[[], Any]) -> Tally:
+    """One iteration inside an entered `tracker` (its peak restarted first): ``loss = forward()``, ``backward(loss)``,
+    ``step()``; each phase's peak, and what is held after each phase (see `Tally`)."""
+    _phase_peak(tracker)
+    phases: dict[str, dict[str, int]] = {}
+    loss = forward()
+    after_forward = _ours(tracker.get_tracker_snapshot("current"))
+    phases["forward"] = _phase_peak(tracker)
+    backward(loss)
+    del loss
+    after_backward = _ours(tracker.get_tracker_snapshot("current"))
+    phases["backward"] = _phase_peak(tracker)
+    step()
+    after_step = _ours(tracker.get_tracker_snapshot("current"))
+    phases["step"] = _phase_peak(tracker)
     return Tally(
         parameters=after_step["parameters"],
         gradients=after_backward["gradients"],
@@ -152,7 +177,7 @@ def tracked_iteration(
 
 
 def _update_global_peak(tracker: Any, _state: Any) -> None:
-    """The trackers' peak update without their per-module peaks (unused here; they walk every module at every op)."""
+    """The trackers' peak update without their per-module peaks."""
     for dev, snap in tracker._curr_mem_snap.items():
         if tracker._peak_mem.get(dev, 0) < snap["Total"]:
             tracker._peak_mem[dev] = snap["Total"]
