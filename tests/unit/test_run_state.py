@@ -66,15 +66,18 @@ def test_a_snapshot_restores_the_whole_run_in_place() -> None:
     state.training, state.optimizers = True, ["opt"]
     state.progress.global_step, state.progress.epoch = 4, 1
     state.eval_batches_seen[("validation", 0)] = 7
-    progress = state.progress
+    state.loss_health.skipped = 2
+    progress, health = state.progress, state.loss_health
     saved = state.snapshot()
     state.max_steps, state.training, state.optimizers, state.lr_scheduler_configs = 99, False, [], []
     state.progress.reset()
     state.progress.should_stop = True
     state.eval_batches_seen[("validation", 0)] = 100
+    state.loss_health.reset()
     state.end()
     state.restore(saved)
     assert state == saved and state.progress is progress  # in place: a batch runner holding the progress sees it
+    assert state.loss_health is health and health.skipped == 2
     assert (state.stage, state.max_steps, state.training, state.global_step, state.current_epoch) == ("fit", 10, True, 4, 1)
     assert state.eval_batches_seen == {("validation", 0): 7} and not state.should_stop
 
@@ -98,7 +101,7 @@ def test_the_trainers_lightning_attributes_are_views_onto_the_run_state(tmp_path
     trainer.max_steps, trainer.should_stop = 3, True
     assert (state.max_steps, state.progress.should_stop) == (3, True)
     trainer.should_stop = False
-    with pytest.raises(AttributeError, match=r"trainer\.global_step is read-only"):
+    with pytest.raises(AttributeError, match=r"trainer\.global_step is read-only: it is the run state's"):
         trainer.global_step = 5  # type: ignore[assignment]  # read-only, as Lightning's
     assert trainer.fit_progress is state.progress
     seen: list[tuple[Any, ...]] = []

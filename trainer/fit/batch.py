@@ -76,7 +76,8 @@ class TrainBatch:
         self.optimizer_step = self._optimizer_step
         self.check_nonfinite = trainer._args.on_nonfinite is not None  # the opt-in per-batch agreement
         # without it: a device-side flag of the losses trained on, read where the loop synchronizes anyway
-        self.watch_losses = not self.check_nonfinite and not trainer.loss_health.warned_nonfinite
+        self.loss_health = state.loss_health
+        self.watch_losses = not self.check_nonfinite and not self.loss_health.warned_nonfinite
         self.optimizer: Any = state.optimizers[0] if state.optimizers else None
         # zeroes at the window's first batch, where Lightning does (the prepared wrapper would on boundaries only)
         self.inner_optimizer: Any = _inner(self.optimizer)
@@ -138,8 +139,8 @@ class TrainBatch:
                 "process, or pass Trainer(on_nonfinite='skip') so the processes agree every batch which batches to skip "
                 "(one small all-reduce per batch)"
             )
-        if skip and loss is None and not trainer.loss_health.warned_skip:
-            trainer.loss_health.warned_skip = True
+        if skip and loss is None and not self.loss_health.warned_skip:
+            self.loss_health.warned_skip = True
             warnings.warn(
                 f"training_step returned None for batch {batch_idx} (on at least one process), so every process skipped "
                 "it: no backward, no optimizer step. Return the loss to train on it; this warning is shown once per fit",
@@ -156,7 +157,7 @@ class TrainBatch:
             if loss.dim():
                 check_loss(loss, {})
             if self.watch_losses:
-                trainer.loss_health.watch(loss)
+                self.loss_health.watch(loss)
             self.backward(loss)
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()
@@ -348,8 +349,8 @@ def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
             f"{weights}. Nothing was stepped and saved checkpoints are intact. Lower the learning rate, clip gradients "
             "(gradient_clip_val=...), use bf16 instead of fp16, or Trainer(on_nonfinite='skip') to skip such batches"
         )
-    trainer.loss_health.skipped += 1
-    if trainer.loss_health.skipped == 1:
+    state.loss_health.skipped += 1
+    if state.loss_health.skipped == 1:
         warnings.warn(
             f"the training loss is not finite at {where}; every process skipped the batch (on_nonfinite='skip'). "
             "trainer.nonfinite_skipped counts them; this warning is shown once per fit",
@@ -394,8 +395,9 @@ def manual_backward(trainer: Trainer, loss: torch.Tensor, **kwargs: Any) -> None
     trainer.accelerator.strategy.prepare_for_backward(trainer.model, loss)
     with profile(trainer, "backward"):
         trainer.accelerator.backward(loss, **kwargs)
-    if trainer.args.on_nonfinite is None and not trainer.loss_health.warned_nonfinite:
-        trainer.loss_health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
+    health = trainer.run_state.loss_health
+    if trainer.args.on_nonfinite is None and not health.warned_nonfinite:
+        health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
     trainer.dispatch.call("on_after_backward")
 
 

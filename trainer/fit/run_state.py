@@ -29,6 +29,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Self, TypeVar, overload
 
+from trainer.fit.loss_health import LossHealth
 from trainer.fit.progress import LoopProgress
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class RunState:
             validations, not its sanity check): the step of the ``on_step`` values logged in ``validation_step``.
         num_val_batches: validation batches per epoch after limits (a list with several loaders, one count each;
             ``inf`` for a loader without a length); ``num_test_batches``, ``num_predict_batches`` the same.
+        loss_health: what the fit knows of its losses (non-finite ones warned about once, skipped batches counted).
     """
 
     progress: LoopProgress = field(default_factory=LoopProgress)
@@ -72,6 +74,7 @@ class RunState:
     num_val_batches: int | float | list[int | float] = 0
     num_test_batches: int | float | list[int | float] = 0
     num_predict_batches: int | float | list[int | float] = 0
+    loss_health: LossHealth = field(default_factory=LossHealth, compare=False)  # (holds a device tensor)
 
     # ------------------------------------------------------------------------------------ read by the Trainer's views
     @property
@@ -112,9 +115,10 @@ class RunState:
         self.stage, self.eval_batches_seen = stage, {}
 
     def begin_fit(self) -> None:
-        """A fit starts from the beginning (a checkpoint restored next may move it)."""
+        """A fit starts from the beginning (a checkpoint restored next may move it), with no loss seen yet."""
         self.progress.reset()
         self.epoch_cut_short = 0
+        self.loss_health.reset()
 
     def end_fit(self) -> None:
         """Training is over: an epoch that ``max_steps`` cut short counts in ``current_epoch`` (Lightning's count)."""
@@ -131,6 +135,7 @@ class RunState:
         return dataclasses.replace(
             self, progress=dataclasses.replace(self.progress), optimizers=list(self.optimizers),
             lr_scheduler_configs=list(self.lr_scheduler_configs), eval_batches_seen=dict(self.eval_batches_seen),
+            loss_health=self.loss_health.snapshot(),
         )
 
     def restore(self, saved: RunState) -> None:
@@ -138,6 +143,8 @@ class RunState:
         for name in _FIELDS:
             if name == "progress":
                 self.progress.assign(saved.progress)  # in place: a batch runner holding it sees the restored position
+            elif name == "loss_health":
+                self.loss_health.restore(saved.loss_health)  # in place too
             else:
                 setattr(self, name, getattr(saved, name))
 
@@ -176,7 +183,7 @@ class RunStateValue(Generic[T]):
         return getattr(trainer.run_state, self.name)
 
     def __set__(self, trainer: Any, value: NoReturn) -> None:
-        raise AttributeError(f"trainer.{self.name} is read-only: the training loop counts it (trainer.run_state)")
+        raise AttributeError(f"trainer.{self.name} is read-only: it is the run state's (trainer.run_state.{self.name}), kept by the loop")
 
 
 class RunStateField(RunStateValue[T]):

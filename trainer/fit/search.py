@@ -38,8 +38,9 @@ class TunerExit(Exception):
 @contextlib.contextmanager
 def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
     """Take a snapshot of the run's state and save its tensors to a hidden checkpoint under ``project_dir``; after
-    the block put back the run state (one unit), the checkpoint and what else a search changes on the Trainer (its
-    callbacks and dispatcher, the metrics shown, the loss checks), then delete the checkpoint."""
+    the block put back the run state (one unit: position, limits, flags, optimizers, schedulers, the loss checks),
+    the checkpoint and what else a search changes on the Trainer (its callbacks and dispatcher, its arguments, the
+    metrics shown), then delete the checkpoint."""
     acc = trainer.accelerator
     path = str(Path(trainer.project_dir).absolute() / f".{name}_{uuid.uuid4().hex}")
     if trainer.world_size > 1:
@@ -48,17 +49,16 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
     metrics = [trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics]
     saved = SimpleNamespace(
         run=trainer.run_state.snapshot(), callbacks=trainer.callbacks, dispatch=trainer.dispatch,
-        metrics=[dict(m) for m in metrics], batch_idx=0, args=trainer._args, loss_health=trainer.loss_health.snapshot(),
+        metrics=[dict(m) for m in metrics], batch_idx=0, args=trainer._args,
     )
     # a search drives the loss to diverge on purpose: no on_nonfinite policy stops it (its suggestion skips such points)
     trainer._args = dataclasses.replace(trainer._args, on_nonfinite=None)
-    trainer.loss_health.warned_nonfinite = True  # (nor is it warned about)
+    trainer.run_state.loss_health.warned_nonfinite = True  # (nor is it warned about)
     try:
         yield saved
     finally:
         trainer.callbacks, trainer._dispatch, trainer._args = saved.callbacks, saved.dispatch, saved.args
         trainer.run_state.restore(saved.run)
-        trainer.loss_health.restore(saved.loss_health)
         for target, values in zip(metrics, saved.metrics):
             target.clear()
             target.update(values)

@@ -222,7 +222,6 @@ class Trainer:
         self.lightning_module: TrainModule | None = None
         self.model_setup = ModelSetup(self)  # the module as the strategy set it up, its optimizers
         self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
-        self.loss_health = LossHealth()  # non-finite losses warned about once, skipped batches counted (per fit)
         self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
         self.profiler: Profiler | None = build_profiler(args.profiler)
         if args.benchmark is not None:
@@ -261,6 +260,7 @@ class Trainer:
     max_epochs, max_steps = RunStateField[int | None](), RunStateField[int | None]()
     optimizers, lr_scheduler_configs = RunStateField[list[Any]](), RunStateField[list[LRSchedulerConfig]]()
     current_epoch, global_step, logging_step = RunStateValue[int](), RunStateValue[int](), RunStateValue[int]()  # read-only
+    loss_health = RunStateValue[LossHealth]()  # non-finite losses warned about once, skipped batches counted (per fit)
     should_stop = RunStateField[bool]()
     num_val_batches, num_test_batches, num_predict_batches = (RunStateField[int | float | list[int | float]]() for _ in range(3))
 
@@ -557,7 +557,6 @@ class Trainer:
         state.begin_fit()
         self.model_setup.release_previous_fit()
         self.loaders.sources, self.loaders.stale = (train_dataloaders, val_dataloaders), False
-        self.loss_health.reset()
         self.loaders.moves_batches = moves_batches_itself(self)
         val_loaders, built_at = self.loaders.build_fit(module, train_dataloaders, val_dataloaders), state.current_epoch
         self.model_setup.configure_optimizers(module)
@@ -759,7 +758,7 @@ class Trainer:
         on is read too (`LossHealth.check`). Costs no synchronization of its own."""
         state = self.run_state
         if self._args.on_nonfinite is None and state.training and not state.sanity_checking:
-            self.loss_health.check(values, synchronized=synchronized, step=state.global_step, epoch=state.current_epoch)
+            state.loss_health.check(values, synchronized=synchronized, step=state.global_step, epoch=state.current_epoch)
 
 
 def _barebones_log(name: str, *args: Any) -> None:
