@@ -370,11 +370,11 @@ class Strategy:
         for model, source in zip(models, sources):  # every model is checked (from the file headers) before any is changed
             shapes = checkpoint_io.safetensors_shapes(path / source)
             checkpoint_io.check_state_fits(shapes, self.unwrap_module(model), path / source, strict=strict)
-        # The helper thread hashes the optimizer files, then the weights, while the optimizer files are parsed here:
-        # the hashes cost no time of their own where a core is free. Nothing is applied before every file it uses is
-        # checked.
+        # The helper thread hashes the weights (and, where a core is idle, the optimizer files first) while the
+        # optimizer files are parsed here, each otherwise hashed in the pass that reads it (the least CPU where no core
+        # is idle). Nothing is applied before every file it uses is checked.
         optimizer_files = [store.optimizer_file(i) for i in range(len(optimizers))]
-        reader.prefetch(optimizer_files + sources)
+        reader.prefetch((optimizer_files if checkpoint_io.core_to_spare() else []) + sources)
         optimizer_states = [reader.torch_load(name, map_location=self.load_location or self.device) for name in optimizer_files]
         for model, source in zip(models, sources):
             self.load_module_state_dict(model, reader.load_safetensors(source), strict=strict)

@@ -519,6 +519,17 @@ def _hashers() -> ThreadPoolExecutor:
     return _HASHERS[pid]
 
 
+def core_to_spare() -> bool:
+    """Whether a core is idle on average over the last minute (the load average, this process's running thread
+    included, at least one below the cores it may use): hashing on the helper thread then runs beside the parse
+    instead of after it. Without one, hashing in the pass that reads a file costs the least CPU."""
+    try:
+        cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
+    except (AttributeError, OSError):  # (no affinity or load average on this platform)
+        return False
+    return load <= cores - 1
+
+
 def is_complete(directory: str | os.PathLike[str]) -> bool:
     """True when `directory` holds a finished checkpoint (its manifest exists and lists files that exist)."""
     try:

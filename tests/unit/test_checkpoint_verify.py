@@ -163,6 +163,15 @@ def test_a_torch_file_is_returned_only_once_checked_on_either_read_path(tmp_path
         reader.torch_load("state.bin")
 
 
+@pytest.mark.parametrize(("load", "spare"), [(0.4, True), (1.0, True), (1.6, False), (7.0, False)])
+def test_the_optimizer_file_is_hashed_beside_its_parse_only_where_a_core_is_idle(
+    load: float, spare: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(checkpoint_io.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(checkpoint_io.os, "getloadavg", lambda: (load, load, load))
+    assert checkpoint_io.core_to_spare() is spare
+
+
 def test_a_file_nobody_loads_is_still_checked(tmp_path: Path) -> None:
     writer = CheckpointWriter(tmp_path / "ckpt")
     writer.clear_staging()
