@@ -3,7 +3,9 @@ saved in the checkpoint format that was there before it, and read and set throug
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,3 +130,28 @@ def test_a_checkpoint_stores_the_same_loops_entry_and_resumes(tmp_path: Any) -> 
     resumed = Trainer(project_dir=tmp_path / "b", max_steps=5, **QUIET)
     resumed.fit(Net(), _data(), ckpt_path=tmp_path / "ckpt")
     assert (resumed.global_step, resumed.current_epoch, resumed.fit_progress.batches_done_in_epoch) == (5, 1, 0)
+
+
+_COUNTS = {"global_step", "accumulation_position", "accumulated", "batches_that_stepped", "batches_done_in_epoch", "stepping_batch_open"}
+
+
+def _count_writes(path: Path) -> list[str]:
+    """``x.<count> = ...`` / ``x.<count> += ...`` in `path` (tuple targets included)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign):
+            targets = [node.target]
+        else:
+            continue
+        flat = [leaf for target in targets for leaf in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        found += [f"{path.name}:{node.lineno} .{leaf.attr}" for leaf in flat if isinstance(leaf, ast.Attribute) and leaf.attr in _COUNTS]
+    return found
+
+
+def test_steps_and_the_accumulation_window_are_written_by_the_progress_alone() -> None:
+    root = Path(__file__).resolve().parents[2]
+    files = sorted((root / "trainer" / "fit").glob("*.py")) + sorted((root / "callbacks").rglob("*.py"))
+    writes = [write for path in files for write in _count_writes(path)]
+    assert writes and all(write.startswith("progress.py:") for write in writes), [w for w in writes if not w.startswith("progress.py:")]
