@@ -242,16 +242,11 @@ class FSDPStrategy(Strategy):
         self._owns_group = False
 
     def setup_environment(self) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
-        if self.dims.n_d:
-            self.device_mesh = self.dims.build_mesh(self.device.type)
-            self.mesh = self.dims.fsdp_mesh(self.device_mesh)
-            if self.dims.tp_enabled:
-                self.data_parallel_group = self.device_mesh["dp"].get_group()
-        else:
-            self.mesh = self.device_mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.device_mesh = self.dims.build_mesh(self.device.type)
+        self.mesh = self.dims.fsdp_mesh(self.device_mesh)
+        if self.dims.tp_enabled:
+            self.data_parallel_group = self.dims.data_parallel_mesh(self.device_mesh).get_group()
 
     @property
     def data_parallel_rank(self) -> int:

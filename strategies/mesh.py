@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
+LIGHTNING_DIMS = ("data_parallel", "tensor_parallel")  # Lightning's ModelParallelStrategy
 
 
 @dataclass(frozen=True)
@@ -91,19 +92,44 @@ class ParallelDims:
         """More than the one data-parallel dimension plain FSDP has."""
         return self.dp_replicate > 1 or self.tp > 1
 
-    def build_mesh(self, device_type: str) -> Any:
-        """The `DeviceMesh` (every process calls it, in step): ``("dp_replicate", "dp_shard", "tp")`` plus the
-        flattened ``"dp"``."""
+    def build_mesh(self, device_type: str, *, lightning_names: bool = False) -> Any:
+        """The processes' `DeviceMesh` (every process calls it, in step); the one place a mesh is built.
+
+        * plain FSDP (``dp_shard`` only): one unnamed dimension over every process, the mesh ``fully_shard`` makes
+          by default;
+        * otherwise ``("dp_replicate", "dp_shard", "tp")`` plus the flattened ``"dp"``;
+        * ``lightning_names``: Lightning's ``ModelParallelStrategy`` mesh, ``("data_parallel", "tensor_parallel")``
+          (``dp_shard × tp``), the names a Lightning module's ``configure_model`` indexes.
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
+        if lightning_names:
+            if self.dp_replicate != 1:
+                raise ValueError(f"Lightning's two-dimensional mesh has no replicate dimension, got {self}")
+            return init_device_mesh(device_type, (self.dp_shard, self.tp), mesh_dim_names=LIGHTNING_DIMS)
+        if not self.n_d:
+            return init_device_mesh(device_type, (self.world_size,))
         mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
         mesh["dp_replicate", "dp_shard"]._flatten("dp")
         return mesh
 
     def fsdp_mesh(self, mesh: Any) -> Any:
-        """What ``fully_shard`` shards over: ``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP (replicated across
-        the first, sharded across the second)."""
+        """What ``fully_shard`` shards over on a mesh `build_mesh` made: ``dp_shard``, or ``(dp_replicate, dp_shard)``
+        for HSDP (replicated across the first, sharded across the second); the whole of a one-dimensional mesh."""
+        names = tuple(mesh.mesh_dim_names or ())
+        if not names:
+            return mesh
+        if names == LIGHTNING_DIMS:
+            return mesh["data_parallel"]
         return mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else mesh["dp_shard"]
+
+    def data_parallel_mesh(self, mesh: Any) -> Any:
+        """The processes that see different batches, on a mesh `build_mesh` made (its ``"dp"`` or ``"data_parallel"``
+        dimension; the whole of a one-dimensional mesh)."""
+        names = tuple(mesh.mesh_dim_names or ())
+        if not names:
+            return mesh
+        return mesh["data_parallel"] if names == LIGHTNING_DIMS else mesh["dp"]
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """Where process `rank` sits on each dimension (and its data-parallel rank, ``"dp"``)."""

@@ -85,13 +85,10 @@ class ModelParallelStrategy(FSDPStrategy):
         self.data_parallel_size_arg, self.tensor_parallel_size_arg = dp, tp
 
     def setup_environment(self) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
-        self.device_mesh = init_device_mesh(self.device.type, (self.dims.dp_shard, self.dims.tp),
-                                            mesh_dim_names=("data_parallel", "tensor_parallel"))  # Lightning's names
-        self.mesh = self.device_mesh["data_parallel"]
-        self.data_parallel_group = self.device_mesh["data_parallel"].get_group()
+        self.device_mesh = self.dims.build_mesh(self.device.type, lightning_names=True)
+        self.mesh = self.dims.fsdp_mesh(self.device_mesh)
+        self.data_parallel_group = self.dims.data_parallel_mesh(self.device_mesh).get_group()
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Lightning's: the meta device only when ``empty_init=True`` (``configure_model`` then parallelizes an empty

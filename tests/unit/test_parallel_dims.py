@@ -79,3 +79,27 @@ def test_a_plan_is_required_and_checked_before_anything_is_split() -> None:
         apply_tensor_parallel(model, _Mesh(), {"0": "colwise", "9": "rowwise"})
     with pytest.raises(ValueError, match="'diagonal' is not a parallel style"):
         apply_tensor_parallel(model, _Mesh(), {"0": "diagonal"})
+
+
+def test_one_builder_makes_every_mesh_with_its_names() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("fake", rank=0, world_size=4)  # (a fake group: the meshes' shapes and names, no processes)
+    try:
+        plain = ParallelDims(world_size=4)  # FSDP alone: the one-dimensional mesh fully_shard makes by default
+        mesh = plain.build_mesh("cpu")
+        assert mesh.mesh_dim_names is None and mesh.size() == 4
+        assert plain.fsdp_mesh(mesh) is mesh and plain.data_parallel_mesh(mesh) is mesh
+        dims = ParallelDims(world_size=4, dp_shard=2, tp=2)
+        mesh = dims.build_mesh("cpu")
+        assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp")
+        assert dims.fsdp_mesh(mesh).mesh_dim_names == ("dp_shard",) and dims.data_parallel_mesh(mesh).mesh_dim_names == ("dp",)
+        mesh = dims.build_mesh("cpu", lightning_names=True)  # ModelParallelStrategy's, as Lightning names them
+        assert mesh.mesh_dim_names == ("data_parallel", "tensor_parallel")
+        assert dims.fsdp_mesh(mesh).mesh_dim_names == ("data_parallel",) == dims.data_parallel_mesh(mesh).mesh_dim_names
+        hsdp = ParallelDims(world_size=4, dp_replicate=2, dp_shard=2)
+        assert hsdp.fsdp_mesh(hsdp.build_mesh("cpu")).mesh_dim_names == ("dp_replicate", "dp_shard")
+        with pytest.raises(ValueError, match="no replicate dimension"):
+            hsdp.build_mesh("cpu", lightning_names=True)
+    finally:
+        dist.destroy_process_group()
