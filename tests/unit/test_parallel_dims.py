@@ -103,3 +103,15 @@ def test_one_builder_makes_every_mesh_with_its_names() -> None:
             hsdp.build_mesh("cpu", lightning_names=True)
     finally:
         dist.destroy_process_group()
+
+
+def test_composable_parallelism_is_a_sharded_strategy_on_a_mesh() -> None:
+    from trainer import Accelerator
+    from trainer.state import AcceleratorState
+    from trainer.utils import FullyShardedDataParallelPlugin
+
+    assert Accelerator(cpu=True).is_composable_parallelism_enabled is False
+    AcceleratorState._reset_state(reset_partial_state=True)
+    sharded = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())  # (one process: a one-process group)
+    assert sharded.strategy.sharded and sharded.is_composable_parallelism_enabled is True
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -22,6 +22,7 @@ from typing import Any, Self
 import torch
 
 from strategies import REGISTRY, Strategy
+from strategies.abilities import Engine
 from strategies.sharding import split_for_process
 from trainer.accelerator.builder import strategy_from_name
 from trainer.accelerator.config import DeepSpeedPlugin, DistributedType
@@ -270,7 +271,7 @@ class AcceleratorState(PartialState):
         """The DeepSpeed settings of this run, None without DeepSpeed (Accelerate's): ``deepspeed_plugin.deepspeed_config``
         is the running strategy's config itself, so a script can test ``"optimizer" in ...deepspeed_config`` (to pass
         `DummyOptim`) or set an ``"auto"`` entry before `prepare`."""
-        config = getattr(self.strategy, "config", None) if self.strategy.name == "deepspeed" else None
+        config = self.strategy.config if isinstance(self.strategy, Engine) else None
         if not isinstance(config, dict):
             return None
         plugin = DeepSpeedPlugin(zero_stage=getattr(self.strategy, "zero_stage", None))

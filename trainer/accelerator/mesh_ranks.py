@@ -25,7 +25,7 @@ class MeshRanks(ProcessLayout):
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:
-        return self.strategy.name == "fsdp"
+        return self.strategy.sharded and self.strategy.device_mesh is not None  # (FSDP2: a mesh the shards follow)
 
     def _mesh_rank(self, dim: str, enabled: bool, what: str) -> int:
         if self._parallelism_config is None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from strategies.abilities import Engine
 from strategies.checkpoint_io import save_model_weights, save_safetensors, torch_save
 from strategies.compile import plain_view
 from trainer.accelerator import state as accelerator_state
@@ -57,7 +58,7 @@ class Checkpointing(ProcessLayout):
         ``unwrap=False`` (single device and DDP; Accelerate's) keeps the wrapper's key names (``module.``); the
         sharded strategies always give the full unwrapped weights, as in Accelerate.
         """
-        if not unwrap and not self.strategy.sharded and self.strategy.name in ("single", "ddp"):
+        if not unwrap and not self.strategy.sharded and not isinstance(self.strategy, Engine):
             return model.state_dict()
         return self.strategy.module_state_dict(model)
 

@@ -24,6 +24,7 @@ import torch
 
 from strategies import checkpoint_io as io
 from strategies import checkpoint_store as store
+from strategies.abilities import Engine
 from strategies.base import Strategy
 from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
@@ -138,7 +139,7 @@ def save_state(
     else:
         final = Path(output_dir)
     strategy, rank, main = accelerator.strategy, accelerator.process_index, accelerator.is_main_process
-    if weights_only and strategy.name == "deepspeed":
+    if weights_only and isinstance(strategy, Engine):
         raise NotImplementedError(
             "a weights-only checkpoint is not available with strategy='deepspeed': its engine writes its optimizer "
             "partitions with the weights. Save full checkpoints (save_weights_only=False)"
@@ -204,7 +205,7 @@ def _check_process_count(accelerator: Accelerator, reader: io.CheckpointReader, 
     cannot take (another global batch)."""
     path, world = reader.directory, accelerator.num_processes
     saved = manifest.get("world_size", manifest.get("num_processes"))
-    resharding = accelerator.strategy.name == "deepspeed"  # (it converts the engine's partitions: DeepSpeedStrategy.load_checkpoint)
+    resharding = isinstance(accelerator.strategy, Engine)  # (it converts the engine's partitions: DeepSpeedStrategy.load_checkpoint)
     if saved is not None and int(saved) != world and (path / store.DEEPSPEED_DIR).is_dir() and not resharding:
         raise ValueError(
             f"checkpoint {str(path)!r} was written by strategy='deepspeed' on {saved} processes and this run has {world} "
