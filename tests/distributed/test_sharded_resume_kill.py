@@ -1,7 +1,8 @@
 """Resume after ``kill -9`` on 2 processes under the sharding strategies (FSDP, DeepSpeed ZeRO 2 and 3): a rank
 SIGKILLed mid-epoch, the job restarted with ``fit(ckpt_path="last")``, ends with the same weights, bit for bit,
-as a run never interrupted. The killed and the resumed run are real ``torchrun`` jobs (``python -m
-tests.distributed.test_sharded_resume_kill``); the uninterrupted reference runs through ``run_distributed``.
+as a run never interrupted. The killed and the resumed run are jobs of two real processes (``python -m
+tests.distributed.test_sharded_resume_kill``, forked as torchrun would start them by `tests.helpers.scripts.run_python`);
+the uninterrupted reference runs through ``run_distributed``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.multiprocess import free_port, run_distributed
+from tests.helpers.multiprocess import run_distributed
+from tests.helpers.scripts import run_python
 
 pytestmark = [pytest.mark.distributed, pytest.mark.faults]
 
@@ -25,10 +27,13 @@ TOTAL_STEPS, EVERY, KILL_AT = 9, 3, 5
 
 
 def _phase(root: Path, kill_at_step: int, strategy: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "tests.distributed.test_sharded_resume_kill", str(root), str(kill_at_step), strategy]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
-    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    """One job on two real processes, started as ``torchrun --nproc_per_node 2`` starts them (forked from the tests'
+    warm server: the kill and the resume are the subject, not the launch; when rank 0 is killed the other is stopped,
+    as torchrun's agent stops it)."""
+    cmd = [sys.executable, "-m", "tests.distributed.test_sharded_resume_kill", str(root), str(kill_at_step), strategy]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60",
+           "OMP_NUM_THREADS": "1"}  # (torchrun's default for several processes per machine)
+    return run_python(cmd, cwd=root, env=env, timeout=240, nprocs=2)
 
 
 # each rank's own files in the checkpoint: FSDP's DCP shards, DeepSpeed's optimizer partitions
