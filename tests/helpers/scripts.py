@@ -160,3 +160,16 @@ def _wait_like_torchrun(processes: list[Any], timeout: float, grace: float = 5.0
     if not first_failure:
         first_failure = next((p.exitcode for p in processes if p.exitcode), 0)
     return True, first_failure
+
+
+def launch_environment(*launch_args: str) -> dict[str, str]:
+    """The ``TRAINWRIGHT_*`` variables ``trainer launch *launch_args script`` gives its workers, made by its own code
+    (flags, the config file in ``HOME``, defaults), for `run_python(..., nprocs=N)` to start a script as it would. The
+    launcher's PID is left out: these processes have no launcher to die with."""
+    from trainer.cli import build_parser
+    from trainer.cli.config import resolve_settings
+    from trainer.cli.launch import worker_environment
+
+    args = build_parser().parse_args(["launch", *launch_args, "script.py"])
+    settings, _ = resolve_settings(args)
+    return {k: v for k, v in worker_environment(settings).items() if k != "TRAINWRIGHT_LAUNCHER_PID"}
