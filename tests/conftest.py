@@ -16,8 +16,12 @@ def _session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep tests from writing outside their tmp dirs (cwd, HOME, config locations)."""
+def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Keep tests from writing outside their tmp dirs (cwd, HOME, config locations), and from leaving environment
+    variables for the next test on the worker: a package run in the test's process may set its own (ClearML sets
+    ``CLEARML_PROC_MASTER_ID``, and a ClearML started later by a subprocess of another test then took itself for
+    that task's child and wrote no metrics)."""
+    environ = dict(os.environ)
     work = tmp_path_factory.mktemp("cwd")
     home = tmp_path_factory.mktemp("home")
     monkeypatch.chdir(work)
@@ -30,6 +34,9 @@ def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     for name in list(os.environ):
         if name.startswith("TRAINWRIGHT_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(name, raising=False)
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 @pytest.fixture(autouse=True)

@@ -61,7 +61,7 @@ def test_all_without_project_dir_runs_every_installed_backend(tmp_path: Path, em
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("WANDB_", "COMET_", "MLFLOW_", "CLEARML_", "TRACKIO_", "SWANLAB_", "RANK"))
+        if not key.startswith(("WANDB_", "COMET_", "MLFLOW_", "CLEARML_", "TRAINS_", "TRACKIO_", "SWANLAB_", "RANK"))
     }
     env.update(
         HOME=str(tmp_path / "home"),
