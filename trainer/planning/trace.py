@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from strategies.mesh import ParallelDims
 from trainer.planning.models import compute_loss
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
@@ -225,7 +226,6 @@ def fake_parameters(model: nn.Module, device: torch.device, dtype: torch.dtype |
 def fake_mesh(num_processes: int) -> Iterator[Any]:
     """A 1-D CPU `DeviceMesh` over a fake process group of `num_processes` (collectives do nothing), torn down after."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     if dist.is_initialized():
         raise RuntimeError(
@@ -234,6 +234,6 @@ def fake_mesh(num_processes: int) -> Iterator[Any]:
         )
     dist.init_process_group("fake", rank=0, world_size=num_processes)
     try:
-        yield init_device_mesh("cpu", (num_processes,))
+        yield ParallelDims(world_size=num_processes).build_mesh("cpu")  # plain FSDP's mesh, built as FSDPStrategy builds it
     finally:
         dist.destroy_process_group()
