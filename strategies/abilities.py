@@ -35,3 +35,16 @@ class Engine(ABC):
     @abstractmethod
     def fill_auto(self, values: dict[str, Any]) -> None:
         """Fill the config's ``"auto"`` entries named by dotted key in `values`."""
+
+
+class Float8AllGather(ABC):
+    """A strategy whose sharded weights can be all-gathered in float8 (FSDP2 with torchao's ``enable_fsdp_float8_all_gather``).
+
+    The faces ask it when a float8 recipe turns that on: the float8 scales of the sharded weights are then computed for
+    all of them together after each optimizer step, instead of one weight at a time in the next all-gather (torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``, as Accelerate does).
+    """
+
+    @abstractmethod
+    def precompute_float8_scales_after_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+        """Refresh `module`'s float8 weight scales after every step of `optimizer`."""

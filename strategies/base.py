@@ -24,7 +24,7 @@ from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment
 from strategies.materialize import has_meta_tensors, materialize
-from strategies.precision import Precision
+from strategies.precision import Precision, PrecisionSettings
 
 _MISSING = object()
 
@@ -32,7 +32,8 @@ _MISSING = object()
 class Strategy:
     """Base class. Subclasses set ``name`` and implement `setup_environment`, `setup_module`.
 
-    ``precision_class`` is the `Precision` a strategy composes (FSDP's casts differ from autocast), and
+    ``precision_class`` is the `Precision` a strategy composes (FSDP's casts differ from autocast), built from the
+    constructor's mode and rebuilt by `configure_precision` (the one way its settings change), and
     ``sharded`` says whether it shards parameters (forward is then a collective, and its checkpoints hold
     one shard per process). Optional abilities are small interfaces a strategy also derives from
 (`strategies.abilities.Engine`: module and optimizer set up together, the step inside backward).
@@ -56,6 +57,36 @@ class Strategy:
         # built before prepare() step the new ones (keyed by id, checked by a weak reference: tensors compare element-wise)
         self._replaced: dict[int, tuple[weakref.ref[torch.Tensor], nn.Parameter]] = {}
         self.init_rng_state: torch.Tensor | None = None  # the CPU generator at the end of module_init_context: init draws from it
+
+    def configure_precision(self, settings: PrecisionSettings) -> None:
+        """Rebuild this strategy's precision from `settings` (what a face's arguments add to the mode: FP8, FSDP's
+        `MixedPrecisionPolicy`, a loss scaler or its arguments, autocast's settings). The one way a precision changes.
+
+        Settings equal to the precision's own change nothing. Refused (``ValueError``): another mode than the one the
+        strategy was built with, settings the precision cannot take (`Precision.from_settings` says which), and any
+        change once a module was set up or prepared with the precision (its forward, dtype and shards follow it), or
+        where the precision is one set on the strategy by hand, which the strategy cannot rebuild.
+        """
+        current = self.precision
+        if settings == current.settings:
+            return
+        if type(current) is not self.precision_class:
+            raise ValueError(
+                f"{settings!r} cannot be applied: this {type(self).__name__}'s precision is a {type(current).__name__} set on it, "
+                f"which the strategy does not rebuild; build that object with what you need, or leave the strategy its own "
+                f"{self.precision_class.__name__} (precision={current.mode!r} in its constructor)"
+            )
+        if settings.mode != current.mode:
+            raise ValueError(
+                f"{settings!r} has mode {settings.mode!r}, but the {type(self).__name__} was built with precision={current.mode!r}, "
+                f"which it keeps; pass precision={settings.mode!r} to the strategy's constructor instead"
+            )
+        if current.in_use:
+            raise ValueError(
+                f"{settings!r} comes after a module was set up with this {type(self).__name__}'s precision, whose forward, dtype "
+                "and shards already follow the old settings; configure the precision before prepare() / fit()"
+            )
+        self.precision = self.precision_class.from_settings(settings, self.device)
 
     @property
     def root_device(self) -> torch.device:

@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies import checkpoint_io
+from strategies import checkpoint_io, fp8
 from strategies import checkpoint_store as store
+from strategies.abilities import Float8AllGather
 from strategies.activation_checkpointing import Policy, apply_activation_checkpointing, check_policy
 from strategies.base import Strategy, best_device, materialize_if_empty, repoint_optimizer
 from strategies.blocks import find_blocks
@@ -122,7 +123,7 @@ def is_fsdp1(module: nn.Module) -> bool:
     return any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules())
 
 
-class FSDPStrategy(Strategy):
+class FSDPStrategy(Strategy, Float8AllGather):
     """Shards parameters, gradients and optimizer states across processes with FSDP2.
 
     Args:
@@ -227,7 +228,7 @@ class FSDPStrategy(Strategy):
         self.cpu_ram_efficient_loading = bool(cpu_ram_efficient_loading)
         if mixed_precision_policy is not None:
             _check_policy(mixed_precision_policy)
-            self.precision.policy = mixed_precision_policy
+            self.configure_precision(dataclasses.replace(self.precision.settings, policy=mixed_precision_policy))
         self.dims = _parallel_dims(parallel_dims, device_mesh, cluster.world_size)
         if tp_plan is not None and not self.dims.tp_enabled:
             raise ValueError(f"tp_plan was given but tp=1 ({self.dims}); pass parallel_dims=ParallelDims(tp=...) too, or leave tp_plan out")
@@ -395,6 +396,9 @@ class FSDPStrategy(Strategy):
                 "weights alone (TrainModule.load_from_checkpoint, or strategies.checkpoint_io.load_weights(directory, model))"
             )
         super().load_checkpoint(reader, models, optimizers, strict=strict)
+
+    def precompute_float8_scales_after_step(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+        fp8.precompute_scales_after_step(optimizer, module)
 
     def teardown(self) -> None:
         leave_process_group(self._owns_group)

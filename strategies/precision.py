@@ -11,15 +11,21 @@ site branches on ``if scaler:``. Its modes:
   parameters, gradients and optimizer states are in that dtype; floating-point inputs reaching the module's
   forward are cast to it, and torch's default dtype is that dtype inside the forward and the step, so tensors
   created there are too. No autocast, no loss scaler.
+
+Who owns it: the strategy. A `Precision` is built from a `PrecisionSettings` (the mode and what the faces' arguments add:
+FP8, FSDP's `MixedPrecisionPolicy`, a loss scaler or its arguments, autocast's settings), by the strategy at construction
+and again by `Strategy.configure_precision(settings)`, which the faces call with what they translated from Accelerate's
+handlers or Lightning's precision plugins. Nothing else changes a precision once built.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -71,6 +77,50 @@ def check_precision_supported(mode: str, device: torch.device) -> None:
         raise ValueError("mixed_precision='fp64-true' is not supported on MPS, which has no float64; use mixed_precision='no'")
     if mode != "no" and device.type not in ("cpu", "cuda", "mps", "xpu", "xla", "hpu", "npu"):
         raise ValueError(f"mixed_precision={mode!r} is not supported on device type {device.type!r}; use mixed_precision='no'")
+
+
+_SCALER_ARGUMENTS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+_AUTOCAST_ARGUMENTS = ("enabled", "cache_enabled")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionSettings:
+    """Everything a strategy's `Precision` is built from (`Strategy.configure_precision`); each field is what one of the
+    faces' arguments carries.
+
+    Args:
+        mode: the precision mode (any spelling `normalize_precision` accepts; stored normalized).
+        float8: train the Linear layers in FP8 under bf16 autocast (``Accelerator(mixed_precision="fp8")``); needs mode ``"bf16"``.
+        policy: FSDP2's `MixedPrecisionPolicy` instead of the mode's (``FullyShardedDataParallelPlugin(mixed_precision_policy=...)``,
+            Lightning's ``FSDPPrecision``); ``strategy="fsdp"`` only.
+        scaler: a loss scaler instead of the mode's (Lightning's ``MixedPrecision("16-mixed", device, scaler=...)``).
+        scaler_kwargs: ``GradScaler`` arguments for the mode's loss scaler (Accelerate's ``GradScalerKwargs``).
+        autocast: ``torch.autocast``'s ``enabled`` / ``cache_enabled`` for every autocast region (Accelerate's ``AutocastKwargs``).
+    """
+
+    mode: str = "no"
+    float8: bool = False
+    policy: Any = None
+    scaler: torch.amp.GradScaler | None = None
+    scaler_kwargs: Mapping[str, Any] | None = None
+    autocast: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", normalize_precision(self.mode))
+        if not isinstance(self.float8, bool):
+            raise TypeError(f"PrecisionSettings(float8={self.float8!r}) must be True or False")
+        if self.float8 and self.mode != "bf16":
+            raise ValueError(f"PrecisionSettings(float8=True) runs FP8 under bf16 autocast, but mode is {self.mode!r}; "
+                             "use mode='bf16' (Accelerator(mixed_precision='fp8') sets it)")
+        if self.scaler is not None and self.scaler_kwargs:
+            raise ValueError(f"PrecisionSettings got a scaler ({type(self.scaler).__name__}) and scaler_kwargs={dict(self.scaler_kwargs)!r}; "
+                             "pass one: the kwargs configure the mode's scaler, the scaler replaces it")
+        for name, given, allowed in (("scaler_kwargs", self.scaler_kwargs, _SCALER_ARGUMENTS),
+                                     ("autocast", self.autocast, _AUTOCAST_ARGUMENTS)):
+            unknown = sorted(set(given or ()) - set(allowed))
+            if unknown:
+                raise ValueError(f"PrecisionSettings({name}=...) has {unknown!r}, which it does not take; choose from {list(allowed)}")
+            object.__setattr__(self, name, dict(given) if given else None)  # empty: the defaults, as None
 
 
 class DefaultDtype:
@@ -128,26 +178,92 @@ class Precision:
     """Autocast + (for fp16) dynamic loss scaling for one device, or true precision (see the module docstring).
 
     ``dtype`` is the low dtype of a mixed or true mode (None in full precision); ``parameter_dtype`` is the dtype
-    the module's parameters are converted to, in the true modes only (None otherwise).
+    the module's parameters are converted to, in the true modes only (None otherwise). ``settings`` is the
+    `PrecisionSettings` it was built from; a strategy builds another from new settings (`from_settings`).
+
+    Args:
+        mode: the precision mode (any spelling `normalize_precision` accepts).
+        device: the device it computes on (CPU when None).
+        scaler: a loss scaler instead of the mode's ``GradScaler`` (fp16 only).
     """
 
-    def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
+    takes_policy = False  # whether an FSDP2 MixedPrecisionPolicy is what casts (FSDPPrecision)
+
+    def __init__(self, mode: str = "no", device: torch.device | None = None, *, scaler: torch.amp.GradScaler | None = None) -> None:
         self.mode = normalize_precision(mode)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         check_precision_supported(self.mode, self.device)
         self.dtype = _DTYPES.get(self.mode)
         self.parameter_dtype = self.dtype if self.mode in TRUE_PRECISION_MODES else None
-        self.scaler: torch.amp.GradScaler | None = None
-        if self.mode == "fp16":
-            self.scaler = torch.amp.GradScaler(self.device.type)
+        self.scaler: torch.amp.GradScaler | None = self.new_scaler()
         self.autocast_settings: dict[str, Any] = {}  # torch.autocast's enabled / cache_enabled (Accelerate's AutocastKwargs)
         self._unscaled: set[int] = set()
         self.step_was_skipped = False
-        self.float8 = False  # set by an Accelerator with mixed_precision='fp8' (bf16 autocast, Float8 linears): reported as "fp8"
+        self.in_use = False  # a module was converted with it (set up or prepared): its settings are fixed from then on
+        self.settings = PrecisionSettings(self.mode)
+        if scaler is not None:
+            self._take(PrecisionSettings(self.mode, scaler=scaler))
+
+    @classmethod
+    def from_settings(cls, settings: PrecisionSettings, device: torch.device | None = None) -> Self:
+        """A precision of this class built from `settings`; `ValueError` for a setting it cannot take, naming the fix."""
+        precision = cls(settings.mode, device)
+        precision._take(settings)
+        return precision
+
+    def _take(self, settings: PrecisionSettings) -> None:
+        """Apply what `settings` adds to the mode (a new precision only: `from_settings` and the constructors)."""
+        if settings.policy is not None and not self.takes_policy:
+            raise ValueError(
+                f"PrecisionSettings(policy={settings.policy!r}): a MixedPrecisionPolicy is for strategy='fsdp', but this strategy's "
+                f"precision is a {type(self).__name__}; drop the policy or use strategy='fsdp'"
+            )
+        if settings.autocast is not None:
+            self._check_autocast(settings.autocast)
+            self.autocast_settings = {"enabled": bool(settings.autocast.get("enabled", True)),
+                                      "cache_enabled": settings.autocast.get("cache_enabled")}
+        if settings.scaler_kwargs is not None:
+            self.scaler = self._configured_scaler(settings.scaler_kwargs)
+        if settings.scaler is not None:
+            if self.scaler is None:
+                raise ValueError(
+                    f"a loss scaler ({type(settings.scaler).__name__}, as MixedPrecision(..., scaler=...)) needs a precision with loss "
+                    f"scaling, but {type(self).__name__} with mode {self.mode!r} has none; drop the scaler"
+                )
+            self.scaler = settings.scaler
+        self.settings = settings
+
+    @property
+    def float8(self) -> bool:
+        """Whether the Linear layers train in FP8 (under bf16 autocast): reported as ``"fp8"``."""
+        return self.settings.float8
+
+    def new_scaler(self) -> torch.amp.GradScaler | None:
+        """The mode's loss scaler: a ``GradScaler`` for fp16, else None."""
+        return torch.amp.GradScaler(self.device.type) if self.mode == "fp16" else None
+
+    def _check_autocast(self, settings: Mapping[str, Any]) -> None:
+        if not self.uses_autocast():
+            enabled, cache_enabled = settings.get("enabled", True), settings.get("cache_enabled")
+            raise ValueError(
+                f"autocast settings (enabled={enabled!r}, cache_enabled={cache_enabled!r}) need a mixed precision that runs "
+                f"torch.autocast, but {type(self).__name__} with mode {self.mode!r} runs none; use mixed_precision='bf16' or "
+                "'fp16' with strategy='single'/'ddp', or drop the settings"
+            )
+
+    def _configured_scaler(self, kwargs: Mapping[str, Any]) -> torch.amp.GradScaler:
+        """The mode's loss scaler built with these ``GradScaler`` arguments (Accelerate's ``GradScalerKwargs``)."""
+        if self.scaler is None:
+            raise ValueError(
+                f"loss-scaler settings {dict(kwargs)!r} need mixed_precision='fp16' with a GradScaler, but {type(self).__name__} "
+                f"with mode {self.mode!r} has none; use mixed_precision='fp16', or drop the settings"
+            )
+        return type(self.scaler)(self.device.type, **kwargs)
 
     def convert_parameters(self, module: nn.Module) -> nn.Module:
         """True precision: ``module.to(dtype)`` (floating-point parameters and buffers, in place, so optimizers built on
         them keep them). A strategy calls it before it wraps or shards the module; a no-op in the other modes."""
+        self.in_use = True
         return module if self.parameter_dtype is None else module.to(self.parameter_dtype)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
@@ -157,6 +273,7 @@ class Precision:
         to the dtype, the forward runs with it as torch's default dtype, and floating-point outputs come back in the
         caller's default dtype (float32 in your own loop, as Lightning Fabric; the dtype inside a Trainer step, as Lightning).
         """
+        self.in_use = True
         if self.dtype is None:
             return module
         if self.parameter_dtype is not None:
@@ -188,8 +305,8 @@ class Precision:
         """Context that runs the enclosed ops in the mixed dtype (a no-op in full precision); in the true modes it
         makes the dtype torch's default dtype (parameters and inputs are already in it).
 
-        `enabled` and `cache_enabled` are ``torch.autocast``'s; unset, they are `autocast_settings`' (see
-        `configure_autocast`). ``enabled=False`` in a mixed mode is ``torch.autocast(enabled=False)``: float32 inside,
+        `enabled` and `cache_enabled` are ``torch.autocast``'s; unset, they are `autocast_settings`' (the settings'
+        ``autocast``). ``enabled=False`` in a mixed mode is ``torch.autocast(enabled=False)``: float32 inside,
         also within an enclosing autocast region.
         """
         on = self.autocast_settings.get("enabled", True) if enabled is None else enabled
@@ -204,27 +321,6 @@ class Precision:
     def uses_autocast(self) -> bool:
         """Whether this precision computes through ``torch.autocast`` (the mixed modes; not the true ones)."""
         return self.dtype is not None and self.parameter_dtype is None
-
-    def configure_autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> None:
-        """Set ``torch.autocast``'s `enabled` / `cache_enabled` for every autocast region of this precision (the
-        module's forward, the faces' ``autocast()``): Accelerate's ``AutocastKwargs``."""
-        if not self.uses_autocast():
-            raise ValueError(
-                f"autocast settings (enabled={enabled!r}, cache_enabled={cache_enabled!r}) need a mixed precision that runs "
-                f"torch.autocast, but {type(self).__name__} with mode {self.mode!r} runs none; use mixed_precision='bf16' or "
-                "'fp16' with strategy='single'/'ddp', or drop the settings"
-            )
-        self.autocast_settings = {"enabled": bool(enabled), "cache_enabled": cache_enabled}
-
-    def configure_scaler(self, **kwargs: Any) -> None:
-        """Rebuild the fp16 loss scaler with these ``GradScaler`` arguments (``init_scale``, ``growth_factor``,
-        ``backoff_factor``, ``growth_interval``, ``enabled``): Accelerate's ``GradScalerKwargs``. Before training only."""
-        if self.scaler is None:
-            raise ValueError(
-                f"loss-scaler settings {kwargs!r} need mixed_precision='fp16' with a GradScaler, but {type(self).__name__} with "
-                f"mode {self.mode!r} has none; use mixed_precision='fp16', or drop the settings"
-            )
-        self.scaler = type(self.scaler)(self.device.type, **kwargs)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.scaler is not None:
@@ -279,16 +375,29 @@ class FSDPPrecision(Precision):
         device: the device the strategy runs on.
         policy: an explicit `torch.distributed.fsdp.MixedPrecisionPolicy` for `fully_shard` (Accelerate's
             ``FullyShardedDataParallelPlugin(mixed_precision_policy=...)``); `mp_policy` returns it instead of the
-            mode's. May also be assigned later (``strategy.precision.policy = ...``), before the module is sharded.
+            mode's. A strategy's is set through ``strategy.configure_precision(settings)``, before the module is sharded.
+        scaler: a loss scaler instead of the mode's ``ShardedGradScaler`` (fp16 only).
     """
 
-    def __init__(self, mode: str = "no", device: torch.device | None = None, *, policy: Any = None) -> None:
-        super().__init__(mode, device)
-        self.policy = policy
-        if self.mode == "fp16":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    takes_policy = True
 
-            self.scaler = ShardedGradScaler(self.device.type)
+    def __init__(self, mode: str = "no", device: torch.device | None = None, *, policy: Any = None,
+                 scaler: torch.amp.GradScaler | None = None) -> None:
+        super().__init__(mode, device, scaler=scaler)
+        if policy is not None:
+            self._take(dataclasses.replace(self.settings, policy=policy))
+
+    @property
+    def policy(self) -> Any:
+        """The explicit `MixedPrecisionPolicy` of the settings (None: the mode's)."""
+        return self.settings.policy
+
+    def new_scaler(self) -> torch.amp.GradScaler | None:
+        if self.mode != "fp16":
+            return None
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(self.device.type)
 
     def mp_policy(self) -> Any:
         """The `MixedPrecisionPolicy` for `fully_shard`: `policy` when set, else the mode's (None in full and true precision)."""
@@ -301,6 +410,7 @@ class FSDPPrecision(Precision):
         return MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
 
     def convert_module(self, module: nn.Module) -> nn.Module:
+        self.in_use = True
         return module if self.parameter_dtype is None else super().convert_module(module)
 
     def forward_context(self) -> AbstractContextManager[Any]:
@@ -326,7 +436,9 @@ class DeepSpeedPrecision(Precision):
     def __init__(self, mode: str = "no", device: torch.device | None = None) -> None:
         self.refuse_true_precision(normalize_precision(mode))
         super().__init__(mode, device)
-        self.scaler = None
+
+    def new_scaler(self) -> torch.amp.GradScaler | None:
+        return None  # the engine scales fp16 losses itself
 
     @staticmethod
     def refuse_true_precision(mode: str) -> None:
@@ -344,6 +456,7 @@ class DeepSpeedPrecision(Precision):
         return {"bf16": {"enabled": self.mode == "bf16"}, "fp16": {"enabled": self.mode == "fp16"}}
 
     def convert_module(self, module: nn.Module) -> nn.Module:
+        self.in_use = True
         if self.dtype is None:
             return module
         first = next((p for p in module.parameters() if p.is_floating_point()), None)
@@ -363,9 +476,9 @@ class DeepSpeedPrecision(Precision):
     def uses_autocast(self) -> bool:
         return False  # the engine computes in its dtype
 
-    def configure_scaler(self, **kwargs: Any) -> None:
+    def _configured_scaler(self, kwargs: Mapping[str, Any]) -> torch.amp.GradScaler:
         raise ValueError(
-            f"loss-scaler settings {kwargs!r}: DeepSpeed scales fp16 losses itself; set them in the DeepSpeed config's 'fp16' "
+            f"loss-scaler settings {dict(kwargs)!r}: DeepSpeed scales fp16 losses itself; set them in the DeepSpeed config's 'fp16' "
             "section (initial_scale_power, loss_scale_window, hysteresis, min_loss_scale) and drop GradScalerKwargs"
         )
 

@@ -16,7 +16,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from strategies.precision import DeepSpeedPrecision, FSDPPrecision, Precision, check_precision_supported, normalize_precision
+from strategies.precision import (
+    DeepSpeedPrecision,
+    FSDPPrecision,
+    Precision,
+    PrecisionSettings,
+    check_precision_supported,
+    normalize_precision,
+)
 from trainer import Accelerator, Trainer, TrainModule
 
 QUIET: dict[str, Any] = {"log_with": None, "enable_progress_bar": False, "enable_model_summary": False, "enable_checkpointing": False}
@@ -202,8 +209,7 @@ def test_fsdp_precision_takes_an_explicit_policy() -> None:
     assert FSDPPrecision("bf16", policy=policy).mp_policy() is policy
     precision = FSDPPrecision("no")
     assert precision.mp_policy() is None
-    precision.policy = policy
-    assert precision.mp_policy() is policy
+    assert FSDPPrecision.from_settings(PrecisionSettings("no", policy=policy)).mp_policy() is policy  # as a strategy rebuilds it
     assert FSDPPrecision("bf16").mp_policy().reduce_dtype == torch.float32  # the mode's own without one
 
 

@@ -17,6 +17,7 @@ unequal gathers, an inexact resume).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import numbers
@@ -32,11 +33,11 @@ from torch import nn
 
 from strategies import Strategy
 from strategies import fp8 as fp8_module
-from strategies.abilities import Engine
+from strategies.abilities import Engine, Float8AllGather
 from strategies.checkpoint_store import CheckpointStore
 from strategies.compile import apply_compile, recompile_with, unwrap_compiled
 from strategies.environment import env_flag, env_setting
-from strategies.precision import normalize_precision
+from strategies.precision import PrecisionSettings, normalize_precision
 from trainer.accelerator import layout
 from trainer.accelerator.builder import accumulation_plugin, build_strategy
 from trainer.accelerator.collectives import Collectives
@@ -152,7 +153,8 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
             raise TypeError(f"parallelism_config={parallelism_config!r} must be a trainer.ParallelismConfig")
         self._parallelism_config = parallelism_config
-        _configure_precision(strategy.precision, handlers)
+        # FP8 and Accelerate's GradScalerKwargs / AutocastKwargs, as settings the strategy rebuilds its precision from
+        strategy.configure_precision(_precision_settings(strategy.precision.settings, handlers, float8=fp8_backend is not None))
         # Accelerate's public handler attributes (ddp_handler, scaler_handler, init_handler, autocast_handler, profile_handler,
         # fp8_recipe_handler, ao_recipe_handler, te_recipe_handler, msamp_recipe_handler): each what was passed, else None
         self.ddp_handler = handlers.ddp_handler
@@ -172,7 +174,6 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
             dynamo_plugin = TorchDynamoPlugin(**json.loads(str(env_setting("DYNAMO_PLUGIN"))))  # `trainer launch`'s config
         self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin(backend=dynamo_backend)
         self.strategy = strategy
-        self.strategy.precision.float8 = fp8_backend is not None
         self.strategy.setup_environment()
         share_strategy(self.strategy)
         self._state = AcceleratorState._of(self.strategy)
@@ -339,10 +340,10 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
                 out[i] = self.prepare_optimizer(obj)
         models = [o for o in out if isinstance(o, nn.Module)]
         optimizers = [o.optimizer for o in out if isinstance(o, PreparedOptimizer)]
-        if self.fp8_enabled and self.strategy.name == "fsdp" and models and optimizers \
+        if self.fp8_enabled and isinstance(self.strategy, Float8AllGather) and models and optimizers \
                 and fp8_module.uses_fsdp_float8_all_gather(self.ao_recipe_handler):
             # FSDP2 with float8 all-gather: refresh the float8 weight scales after each step (Accelerate, torchao)
-            fp8_module.precompute_scales_after_step(optimizers[0], models[0])
+            self.strategy.precompute_float8_scales_after_step(optimizers[0], models[0])
         for i, obj in enumerate(args):
             if i in done:
                 continue
@@ -721,25 +722,24 @@ def _fp8_backend(requested: Any, handlers: KwargsHandlers, cpu: bool) -> str | N
     return backend
 
 
-def _configure_precision(precision: Any, handlers: KwargsHandlers) -> None:
-    """Apply `GradScalerKwargs` and `AutocastKwargs` to the strategy's precision; settings it cannot take are refused
-    (`Precision.configure_scaler`/`configure_autocast` say why), except under full precision, where Accelerate ignores
-    them too: a warning says they change nothing."""
-    for handler, configure in ((handlers.scaler_handler, precision.configure_scaler),
-                               (handlers.autocast_handler, precision.configure_autocast)):
+def _precision_settings(base: PrecisionSettings, handlers: KwargsHandlers, *, float8: bool) -> PrecisionSettings:
+    """The strategy's precision settings with what Accelerate's arguments add: FP8, `GradScalerKwargs`, `AutocastKwargs`
+    (defaults change nothing). The strategy refuses what its precision cannot take (`Strategy.configure_precision`),
+    except under full precision, where Accelerate ignores the handlers too: a warning says they change nothing."""
+    scaler_kwargs, autocast = base.scaler_kwargs, base.autocast
+    for handler in (handlers.scaler_handler, handlers.autocast_handler):
         if handler is None:
             continue
         settings = handler.to_kwargs()
-        if precision.mode == "no":
+        if base.mode == "no":
             if settings:
                 warnings.warn(f"{type(handler).__name__}{settings} changes nothing with mixed_precision='no' (no autocast, no loss "
                               "scaling); set mixed_precision='fp16' or 'bf16' for it to apply", stacklevel=3)
-            continue
-        if isinstance(handler, AutocastKwargs):
-            if settings or precision.uses_autocast():
-                configure(**handler.settings())
-        elif settings or precision.scaler is not None:
-            configure(**settings)
+        elif isinstance(handler, AutocastKwargs):
+            autocast = handler.settings() if settings else autocast
+        else:
+            scaler_kwargs = settings or scaler_kwargs
+    return dataclasses.replace(base, float8=float8, scaler_kwargs=scaler_kwargs, autocast=autocast)
 
 
 _RNG_TYPES = ("generator", "torch", "cuda")

@@ -51,7 +51,6 @@ class Stepper:
 
     def __init__(self, strategy: Strategy, accumulation: GradientAccumulationPlugin) -> None:
         self.strategy = strategy
-        self.precision = strategy.precision
         self.accumulation = accumulation
         self.accumulation_steps = accumulation.num_steps
         self.sync_gradients = True  # this batch ends an accumulation window: reduce gradients, step
@@ -110,10 +109,11 @@ class Stepper:
 
     def unscale(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Divide the gradients by the fp16 loss scale, once per step; nothing to do without a scaler."""
-        if self.precision.scaler is None:
+        precision = self.strategy.precision  # (read here: the strategy may rebuild it before training, configure_precision)
+        if precision.scaler is None:
             return
         for optimizer in optimizers:
-            self.precision.unscale(optimizer)
+            precision.unscale(optimizer)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float, optimizers: Iterable[torch.optim.Optimizer]) -> torch.Tensor:
         """Unscale `optimizers`' gradients, then clip the total norm of `parameters`' gradients; returns the norm before."""

@@ -10,7 +10,13 @@ process's write finished (`strategies.checkpoint_store`).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from strategies.precision import PrecisionSettings
 
 
 class AsyncCheckpointIO:
@@ -90,31 +96,20 @@ def _check_plain(plugin: Any) -> None:
         )
 
 
-def apply_precision_plugin(plugins: Any, precision: Any) -> None:
-    """After the strategy built its precision (`precision`, for the run's device) from a precision plugin's mode: the
-    plugin's loss scaler (``MixedPrecision("16-mixed", "cuda", scaler=GradScaler(...))``) replaces the default one, an
-    ``FSDPPrecision(mode, policy=...)``'s policy is FSDP's, and a plugin made for another device type is an error (Lightning would autocast for that device only)."""
-    if plugins is None:
-        return
-    from strategies.precision import FSDPPrecision, Precision  # lazy: as in check_plugins
+def plugin_precision_settings(plugins: Any, base: PrecisionSettings, device: torch.device) -> PrecisionSettings:
+    """The strategy's precision settings (`base`, built from a precision plugin's mode) with what the plugin adds: its
+    loss scaler (``MixedPrecision("16-mixed", "cuda", scaler=GradScaler(...))``) and an ``FSDPPrecision(mode,
+    policy=...)``'s policy; the strategy refuses what its precision cannot take (`Strategy.configure_precision`). A plugin
+    made for another device type than the run's `device` is an error (Lightning would autocast for that device only)."""
+    from strategies.precision import Precision  # lazy: as in check_plugins
 
-    plugin = next((p for p in (plugins if isinstance(plugins, (list, tuple)) else [plugins]) if isinstance(p, Precision)), None)
+    listed = plugins if isinstance(plugins, (list, tuple)) else [plugins]
+    plugin = None if plugins is None else next((p for p in listed if isinstance(p, Precision)), None)
     if plugin is None:
-        return
-    device = getattr(precision, "device", None)
-    if plugin.mode in ("fp16", "bf16") and device is not None and plugin.device.type != device.type:
+        return base
+    if plugin.mode in ("fp16", "bf16") and plugin.device.type != device.type:
         raise ValueError(
             f"Trainer(plugins=[MixedPrecision({plugin.mode!r}, device={plugin.device.type!r})]) but this Trainer runs on "
             f"{device.type!r}: autocast would cover the other device only. Pass device={device.type!r}"
         )
-    if isinstance(plugin, FSDPPrecision) and plugin.policy is not None:  # our FSDPPrecision's own MixedPrecisionPolicy
-        if not isinstance(precision, FSDPPrecision):
-            raise ValueError(f"Trainer(plugins=[FSDPPrecision(..., policy=...)]): a MixedPrecisionPolicy is for strategy='fsdp', "
-                             f"but this Trainer's strategy has a {type(precision).__name__}; drop the policy or use FSDP")
-        precision.policy = plugin.policy
-    scaler = getattr(plugin, "custom_scaler", None)
-    if scaler is not None:
-        if getattr(precision, "scaler", None) is None:
-            raise ValueError(f"MixedPrecision(..., scaler=...) needs a precision with loss scaling, but the strategy's "
-                             f"{type(precision).__name__} has none; drop the scaler")
-        precision.scaler = scaler
+    return dataclasses.replace(base, policy=plugin.settings.policy, scaler=plugin.settings.scaler)

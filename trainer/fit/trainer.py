@@ -46,7 +46,7 @@ from trainer.fit.loaders import RunLoaders, one_data_source, one_or_list
 from trainer.fit.loss_health import LossHealth
 from trainer.fit.model_setup import ModelSetup
 from trainer.fit.module import LRSchedulerConfig, TrainModule
-from trainer.fit.plugins import apply_precision_plugin
+from trainer.fit.plugins import plugin_precision_settings
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
 from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
@@ -236,7 +236,8 @@ class Trainer:
         self._accelerator: Accelerator | None = None if args.launch_processes else build_accelerator(args)
         if self._accelerator is not None:
             self._accelerator.checkpoint_parts.extend(trainer_parts(self))  # its state goes into every checkpoint
-            apply_precision_plugin(plugins, self._accelerator.strategy.precision)
+            strategy = self._accelerator.strategy  # a precision plugin's scaler and policy, as settings its precision is rebuilt from
+            strategy.configure_precision(plugin_precision_settings(plugins, strategy.precision.settings, strategy.device))
         acc = self._accelerator
         if args.sync_batchnorm and acc is not None and self.world_size > 1 and acc.device.type == "cpu":
             raise ValueError(

@@ -25,10 +25,7 @@ class MixedPrecision(Precision):
             raise ValueError(f"MixedPrecision(precision={precision!r}): choose one of {_MIXED}; the true modes are HalfPrecision")
         if scaler is not None and precision == "bf16-mixed":
             raise ValueError("MixedPrecision('bf16-mixed', scaler=...): bf16 needs no loss scaler; pass scaler=None")
-        super().__init__(precision, torch.device(device))
-        self.custom_scaler = scaler  # given to the Trainer's strategy as plugin: it replaces the default scaler there
-        if scaler is not None:
-            self.scaler = scaler
+        super().__init__(precision, torch.device(device), scaler=scaler)  # in its settings: the Trainer's strategy uses it too
 
 
 class HalfPrecision(Precision):
