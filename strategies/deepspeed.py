@@ -62,7 +62,31 @@ def import_deepspeed(device: torch.device) -> Any:
         import deepspeed
     except ImportError as err:
         raise ImportError(f"strategy='deepspeed' needs the deepspeed package, which is not installed: {INSTALL_HINT}") from err
+    if device.type == "cpu":
+        skip_inference_comm_op(deepspeed)
     return deepspeed
+
+
+def skip_inference_comm_op(deepspeed: Any) -> None:
+    """Keep DeepSpeed's communication backend from compiling its shared-memory all-reduce op on a CPU machine.
+
+    When the backend starts on CPU it builds ``deepspeed_shm_comm`` (C++ with OpenMP, 40 s to over 2 minutes of gcc
+    on first use per machine and extensions folder), which only ``inference_all_reduce`` calls: DeepSpeed inference's
+    tensor parallelism, never a training engine, whose collectives go through ``torch.distributed``. Marking the op
+    incompatible makes the backend start without it, as on a platform that cannot build it. ``DS_BUILD_SHM_COMM=1``
+    (DeepSpeed's own switch for this op) keeps it, and a backend already started is left as it is.
+    """
+    if os.environ.get("DS_BUILD_SHM_COMM") == "1" or _comm_backend_started():
+        return
+    compatible = deepspeed.ops.__compatible_ops__  # DeepSpeed's own table, probed once per process and kept
+    if "deepspeed_shm_comm" in compatible:
+        compatible["deepspeed_shm_comm"] = False
+
+
+def _comm_backend_started() -> bool:
+    from deepspeed.comm import comm
+
+    return comm.cdb is not None
 
 
 def load_config(config: dict[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any]:

@@ -28,8 +28,8 @@ def _isolate_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
-    # C++ extensions built at run time (DeepSpeed's CPU communication op: 40-70 s of compiling) are built once per
-    # test session and shared, not once per test's fresh HOME; torch's build lock serializes the xdist workers
+    # C++ extensions built at run time (none today: DeepSpeed's CPU communication op is skipped by the strategy) are
+    # built once per test session and shared, not once per test's fresh HOME; torch's build lock serializes the workers
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(_session_root(tmp_path_factory) / "torch_extensions"))
     for name in list(os.environ):
         if name.startswith("TRAINWRIGHT_") or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
