@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from callbacks.base import Callback
     from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.trackers.base import GeneralTracker
     from strategies.base import Strategy
     from strategies.checkpoint_store import CheckpointStore
     from trainer.accelerator.accelerator import Accelerator
     from trainer.fit.agreement import LoopAgreement
+    from trainer.fit.datamodule import DataModule
     from trainer.fit.module import LRSchedulerConfig, ManualOptimizer, TrainModule
     from trainer.fit.run_state import RunState
 
@@ -194,10 +197,10 @@ class TrainerView(Protocol):
     def progress_bar_metrics(self) -> dict[str, Any]: ...
 
     @property
-    def logger(self) -> Any: ...
+    def logger(self) -> GeneralTracker | None: ...
 
     @property
-    def loggers(self) -> list[Any]: ...
+    def loggers(self) -> list[GeneralTracker]: ...
 
     @property
     def log_dir(self) -> str: ...
@@ -212,7 +215,7 @@ class TrainerView(Protocol):
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the global main process only."""
 
-    def run_tuner(self, finder: Any, module: Any) -> Any:
+    def run_tuner(self, finder: Callback, module: TrainModule) -> Any:
         """Run a `LearningRateFinder`'s or `BatchSizeFinder`'s search now (from its hook); returns what it found."""
 
     accumulate_grad_batches: int
@@ -223,10 +226,10 @@ class TrainerView(Protocol):
     def lightning_module(self) -> TrainModule | None: ...
 
     @property
-    def datamodule(self) -> Any: ...
+    def datamodule(self) -> DataModule | None: ...
 
     @property
-    def optimizers(self) -> list[Any]: ...
+    def optimizers(self) -> list[torch.optim.Optimizer]: ...
 
     @property
     def lr_scheduler_configs(self) -> list[LRSchedulerConfig]: ...

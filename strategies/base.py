@@ -11,7 +11,7 @@ import contextlib
 import math
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -299,7 +299,7 @@ class Strategy:
         """
         return contextlib.nullcontext()
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients to a total norm of `max_norm`; returns the total norm before clipping, over all shards."""
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         grads = [p.grad for p in params if p.grad is not None]
@@ -324,7 +324,7 @@ class Strategy:
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: torch.Tensor | Iterable[torch.Tensor], clip_value: float) -> None:
         """Clamp every gradient element into ``[-clip_value, clip_value]`` (element-wise, so shards need no sync)."""
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 

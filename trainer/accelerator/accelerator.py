@@ -24,9 +24,9 @@ import numbers
 import os
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -61,6 +61,10 @@ from trainer.accelerator.saving import Checkpointing, check_path
 from trainer.accelerator.signals import SIGNALS, SignalRecorder
 from trainer.accelerator.stepper import Stepper, check_loss
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
+
+if TYPE_CHECKING:
+    from callbacks.trackers.base import GeneralTracker
+    from strategies.data import DataLoaderShard
 
 _UNSET: Any = object()
 
@@ -429,7 +433,9 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         self.prepared.optimizers.append(prepared)
         return prepared
 
-    def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+    def prepare_scheduler(
+        self, scheduler: torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau | EngineScheduler,
+    ) -> PreparedScheduler:
         if isinstance(scheduler, PreparedScheduler):
             return scheduler
         prepared = PreparedScheduler(scheduler, self, [o for o in self.prepared.optimizers if o.steps(scheduler.optimizer)])
@@ -437,9 +443,9 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         return prepared
 
     def prepare_data_loader(
-        self, data_loader: Any, device_placement: bool | None = None, *, even_batches: bool | None = None, register: bool = True,
-        shard: bool = True,
-    ) -> Any:
+        self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None, *, even_batches: bool | None = None,
+        register: bool = True, shard: bool = True,
+    ) -> DataLoaderShard:
         """Shard `data_loader` across the processes.
 
         Args:
@@ -553,7 +559,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         return self.strategy.precision.autocast(**handler.settings())
 
     @contextlib.contextmanager
-    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
         """Profile the block with ``torch.profiler`` (Accelerate's): yields the profiler (call ``prof.step()`` once per
         step when a schedule is set). `profile_handler` replaces the Accelerator's `ProfileKwargs`.
 
@@ -571,7 +577,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
         self.wait_for_everyone()
 
-    def unscale_gradients(self, optimizer: Any = None) -> None:
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None) -> None:
         """Divide the gradients by the fp16 loss scale (once per step); nothing to do without a scaler."""
         self.stepper.unscale(self._inner_optimizers(optimizer))
 
@@ -580,13 +586,13 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         targets = self.prepared.optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
         return [opt.optimizer if isinstance(opt, PreparedOptimizer) else opt for opt in targets]
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Unscale (fp16), then clip the gradient norm; returns the total norm before clipping."""
         if isinstance(max_norm, bool) or not isinstance(max_norm, (numbers.Real, torch.Tensor)):
             raise TypeError(f"max_norm={max_norm!r} must be a number, e.g. clip_grad_norm_(model.parameters(), 1.0)")
         return self.stepper.clip_grad_norm_(parameters, max_norm, norm_type, self._inner_optimizers())
 
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+    def clip_grad_value_(self, parameters: torch.Tensor | Iterable[torch.Tensor], clip_value: float) -> None:
         """Unscale (fp16), then clamp every gradient to ``[-clip_value, clip_value]``."""
         self.stepper.clip_grad_value_(parameters, clip_value, self._inner_optimizers())
 
@@ -661,7 +667,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         return self._trackers
 
     @property
-    def trackers(self) -> list[Any]:
+    def trackers(self) -> list[GeneralTracker]:
         return [] if self._trackers is None else list(self._trackers.trackers)
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from callbacks.trackers.base import GeneralTracker
     from callbacks.view import ModuleTrainerView
 
 _INTERVALS = ("step", "epoch")
@@ -264,12 +265,12 @@ class TrainModule(nn.Module):
         return self._trainer.global_step if self._trainer is not None else 0
 
     @property
-    def logger(self) -> Any:
+    def logger(self) -> GeneralTracker | None:
         """The trainer's first tracker (Lightning's ``self.logger``), or None."""
         return self._trainer.logger if self._trainer is not None else None
 
     @property
-    def loggers(self) -> list[Any]:
+    def loggers(self) -> list[GeneralTracker]:
         """The trainer's trackers (Lightning's ``self.loggers``)."""
         return self._trainer.loggers if self._trainer is not None else []
 
@@ -382,7 +383,7 @@ class TrainModule(nn.Module):
         """
         optimizer.zero_grad()
 
-    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
         """Clip gradients before each optimizer step (automatic optimization; Lightning's hook), after
         ``on_before_optimizer_step``; it gets the Trainer's ``gradient_clip_val``/``gradient_clip_algorithm``. The
@@ -519,7 +520,7 @@ class TrainModule(nn.Module):
             kwargs[name] = value
         self.trainer.manual_backward(loss, **kwargs)
 
-    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None) -> None:
+    def clip_gradients(self, optimizer: torch.optim.Optimizer | ManualOptimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None) -> None:
         """Clip the gradients of `optimizer`'s parameters (unscaled first under fp16): in manual optimization, or in
         `configure_gradient_clipping`. Unset arguments are the Trainer's (no clipping without a value)."""
         trainer = self.trainer
@@ -538,7 +539,7 @@ class TrainModule(nn.Module):
         else:
             raise ValueError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported; use 'norm' or 'value'")
 
-    def toggle_optimizer(self, optimizer: Any) -> None:
+    def toggle_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None:
         """Freeze the parameters of the other optimizers until `untoggle_optimizer` (Lightning's rule: parameters no
         optimizer holds are left as they are)."""
         toggled: dict[int, bool] = {}
@@ -550,14 +551,14 @@ class TrainModule(nn.Module):
             p.requires_grad_(toggled.get(id(p), p.requires_grad))
         self._toggled = toggled
 
-    def untoggle_optimizer(self, optimizer: Any) -> None:
+    def untoggle_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None:
         """Undo `toggle_optimizer`."""
         for p in self.parameters():
             p.requires_grad_(self._toggled.get(id(p), p.requires_grad))
         self._toggled = {}
 
     @contextlib.contextmanager
-    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+    def toggled_optimizer(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> Iterator[None]:
         """`toggle_optimizer` for the block, `untoggle_optimizer` after it (also when the block raises)."""
         self.toggle_optimizer(optimizer)
         try:
@@ -588,7 +589,7 @@ class TrainModule(nn.Module):
     def on_before_backward(self, loss: torch.Tensor) -> None: ...
     def on_after_backward(self) -> None: ...
     def on_before_optimizer_step(self, optimizer: Any) -> None: ...
-    def on_before_zero_grad(self, optimizer: Any) -> None: ...
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_train_epoch_end(self) -> None: ...
     def on_train_end(self) -> None: ...
