@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+def _cache_bytecode_once() -> None:
+    """Where the environment forbids writing bytecode next to the sources (``PYTHONDONTWRITEBYTECODE``), every process
+    of the suite (a few hundred start here) would compile again each module it imports that has no cached bytecode:
+    with the README's ``pip install --no-compile``, all of torch's. The suite's processes keep their compiled modules in
+    one folder of their own instead (``PYTHONPYCACHEPREFIX``, under the temporary directory): each module is compiled
+    once, and nothing is written into the sources or the environment. Set here, at the suite's start, so the xdist
+    workers and every process they start inherit it."""
+    if not sys.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    prefix = str(Path(tempfile.gettempdir(), f"trainwright-test-bytecode-{os.getuid()}"))
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
+
+
+_cache_bytecode_once()
 
 
 def _session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,7 +1,8 @@
 """``kill -9`` during an asynchronous save's background write, then resume: both faces, 1 and 2 processes, DDP and FSDP.
 
-The killed and the resumed run are real jobs (``python -m tests.distributed.test_async_checkpoint_kill``; ``torchrun``
-for several processes); the uninterrupted reference runs through ``run_distributed``.
+The killed and the resumed run are real jobs (``python -m tests.distributed.test_async_checkpoint_kill``): the killed
+run of several processes under ``torchrun``, the others on processes forked from the tests' warm server as torchrun
+starts its workers (`tests.helpers.scripts.run_python`); the uninterrupted reference runs through ``run_distributed``.
 A run saves at steps 3 and 6 (asynchronously) and trains to step 9 (also on a 2×2 mesh: FSDP × tensor parallel on 4
 processes). In the killed run, process 0 is SIGKILLed while its checkpoint writer process is in the middle of writing
 the step-6 checkpoint: an object registered for checkpointing, when the save pickles it, turns the file it goes into
@@ -33,6 +34,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.multiprocess import free_port, run_distributed
+from tests.helpers.scripts import run_python
 
 pytestmark = [pytest.mark.distributed, pytest.mark.faults]
 
@@ -46,10 +48,14 @@ WRITER_CASES = [("trainer", 2, "ddp")]  # (the agreement of several processes on
 
 
 def _phase(root: Path, face: str, nproc: int, strategy: str, kill: str) -> subprocess.CompletedProcess:
+    """One run of the job: the killed one of several processes under a real ``torchrun`` (its agent's handling of the
+    dead worker is part of what is checked); the others (the resumed run, a killed single process) on processes
+    forked as torchrun would start them, where only what the job does is under test."""
     args = ["-m", "tests.distributed.test_async_checkpoint_kill", str(root), face, strategy, kill or "0"]
-    if nproc > 1:
-        args = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *args]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
+    if not (kill and nproc > 1):
+        return run_python([sys.executable, *args], cwd=root, env=env, timeout=300, nprocs=nproc)
+    args = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *args]
     # (its output goes to files: a process it leaves behind holding a pipe must not stall this wait, but fail the test)
     with open(root / "stdout.txt", "w") as out, open(root / "stderr.txt", "w") as err:
         done = subprocess.run([sys.executable, *args], cwd=root, env=env, stdout=out, stderr=err, timeout=300)
