@@ -1,5 +1,6 @@
 """The Accelerate-style example runs end to end, on one process and on two through the real launcher."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.helpers.scripts import run_python
+from tests.helpers.scripts import launch_environment, run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "accelerate_loop.py"
@@ -41,12 +42,15 @@ def test_two_processes_through_the_launcher(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_the_same_script_sharded_with_fsdp_matches_ddp(tmp_path):
-    """Unchanged script, `--strategy fsdp`: same accuracies as DDP, sharded checkpoints, full exported weights."""
+    """Unchanged script, `--strategy fsdp`: same accuracies as DDP, sharded checkpoints, full exported weights.
+
+    Both run on two processes started as ``trainer launch --num_processes 2 --strategy ...`` starts them (its variables,
+    made by its own code), forked from the tests' warm server: the launch itself is the test above's subject."""
     runs = {}
     for strategy in ("ddp", "fsdp"):
-        cmd = [sys.executable, "-m", "trainer", "launch", "--num_processes", "2", "--main_process_port", "0", "--strategy", strategy,
-               str(EXAMPLE), "--epochs", "2", "--project_dir", str(tmp_path / strategy)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+        env = {**os.environ, **launch_environment("--num_processes", "2", "--strategy", strategy)}
+        cmd = [sys.executable, str(EXAMPLE), "--epochs", "2", "--project_dir", str(tmp_path / strategy)]
+        proc = run_python(cmd, env=env, timeout=280, nprocs=2)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         _check_outputs(tmp_path / strategy, proc.stdout, 2)
         runs[strategy] = [line for line in proc.stdout.splitlines() if "accuracy" in line]

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.helpers.lightning_rename import lightning_to_trainwright
+from tests.helpers.scripts import run_python
 
 pytest.importorskip("jsonargparse")
 
@@ -35,7 +36,10 @@ def _prepare(cwd: Path, rename: bool = True) -> None:
 
 def _cli(cwd: Path, *args: str, python: str = sys.executable, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([python, "cli_main.py", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    if python == sys.executable:  # forked from the tests' warm server, as a new process: the script is the subject
+        proc = run_python([python, "cli_main.py", *args], cwd=cwd, env=env, timeout=180)
+    else:  # another interpreter (Lightning's)
+        proc = subprocess.run([python, "cli_main.py", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc

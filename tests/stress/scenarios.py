@@ -1,6 +1,7 @@
 """Multi-process scenarios that must end the same way every time, run again and again.
 
-Each scenario is a small script launched with ``trainer launch --num_processes 2 --cpu`` and the outcome a user
+Each scenario is a small script launched with ``trainer launch --num_processes 2 --cpu`` (the launcher forked from the
+tests' warm server by `tests.helpers.scripts.run_python`; its two workers are new interpreters) and the outcome a user
 must see on every run: exit 0 for a good job (no "terminate called", no crash after correct output), and for a
 faulty one the launcher's status and first summary line naming the rank and the cause. ``tests/stress/test_repeated.py``
 runs each a few times in the suite (``pytest -m stress``); ``python -m tests.stress`` runs them many times, with
@@ -16,6 +17,8 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.helpers.scripts import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -261,8 +264,8 @@ class Scenario:
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         command = [sys.executable, "-m", "trainer", "launch", "--num_processes", "2", "--cpu", str(script), *self.args]
         start = time.monotonic()
-        try:
-            done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        try:  # the launcher forked from the tests' warm server (its workers are new interpreters, as torchrun starts them)
+            done = run_python(command, cwd=cwd, env=env, timeout=timeout)
         except subprocess.TimeoutExpired as hung:
             return f"still running after {timeout:.0f} s (a hang): {str(hung.stderr)[-400:]}", time.monotonic() - start
         return self.check(done, cwd), time.monotonic() - start
