@@ -520,14 +520,27 @@ def _hashers() -> ThreadPoolExecutor:
 
 
 def core_to_spare() -> bool:
-    """Whether a core is idle on average over the last minute (the load average, this process's running thread
-    included, at least one below the cores it may use): hashing on the helper thread then runs beside the parse
-    instead of after it. Without one, hashing in the pass that reads a file costs the least CPU."""
+    """Whether a core is idle now: the threads runnable on the machine at this instant, this one included, at least
+    one below the cores this process may use (where the system does not say, the load average of the last minute).
+    Hashing on the helper thread then runs beside the parse instead of after it; without one, hashing in the pass
+    that reads a file costs the least CPU. (The instant, not the minute's average: a load follows what ran before it,
+    a job's setup or its other processes' startup, by seconds, and the average still counts them for a minute.)"""
     try:
-        cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0))
+        runnable = runnable_now()
+        return (runnable if runnable is not None else os.getloadavg()[0]) <= cores - 1
     except (AttributeError, OSError):  # (no affinity or load average on this platform)
         return False
-    return load <= cores - 1
+
+
+def runnable_now() -> int | None:
+    """The threads runnable on the machine at this instant, the calling one included (Linux's ``/proc/loadavg``,
+    its fourth field's first number); None where the system does not say."""
+    try:
+        with open("/proc/loadavg") as stats:
+            return int(stats.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def is_complete(directory: str | os.PathLike[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -163,13 +164,27 @@ def test_a_torch_file_is_returned_only_once_checked_on_either_read_path(tmp_path
         reader.torch_load("state.bin")
 
 
-@pytest.mark.parametrize(("load", "spare"), [(0.4, True), (1.0, True), (1.6, False), (7.0, False)])
+@pytest.mark.parametrize(("runnable", "load", "spare"), [
+    (1, 7.0, True),  # a core idle now, whatever ran in the last minute (the job's own setup)
+    (2, 0.4, False),  # both busy now
+    (5, 0.4, False),
+    (None, 0.4, True), (None, 1.0, True), (None, 1.6, False), (None, 7.0, False),  # no instant count: the minute's average
+])
 def test_the_optimizer_file_is_hashed_beside_its_parse_only_where_a_core_is_idle(
-    load: float, spare: bool, monkeypatch: pytest.MonkeyPatch,
+    runnable: int | None, load: float, spare: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(checkpoint_io.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(checkpoint_io.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(checkpoint_io, "runnable_now", lambda: runnable)
     assert checkpoint_io.core_to_spare() is spare
+
+
+def test_the_runnable_count_is_read_from_the_system() -> None:
+    runnable = checkpoint_io.runnable_now()
+    if os.path.exists("/proc/loadavg"):
+        assert runnable is not None and runnable >= 1  # (this thread is running)
+    else:
+        assert runnable is None
 
 
 def test_a_file_nobody_loads_is_still_checked(tmp_path: Path) -> None:
