@@ -13,7 +13,7 @@ import os
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment
 from strategies.materialize import has_meta_tensors, materialize
 from strategies.precision import Precision, PrecisionSettings
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 _MISSING = object()
 
@@ -44,7 +47,7 @@ class Strategy:
     sharded: bool = False
     # the processes' `DeviceMesh` once `setup_environment` built one (FSDP2 and the N-D meshes: named dimensions,
     # `strategies.mesh`; Lightning's ModelParallelStrategy: its two), else None
-    device_mesh: Any = None
+    device_mesh: DeviceMesh | None = None
     # where a checkpoint's optimizer states are read to (None: this strategy's device); `optimizer.load_state_dict` then
     # moves them next to their parameters. XLA reads to "cpu": torch.load cannot restore a storage onto an XLA device
     load_location: str | None = None

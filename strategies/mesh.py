@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
 LIGHTNING_DIMS = ("data_parallel", "tensor_parallel")  # Lightning's ModelParallelStrategy
@@ -92,7 +95,7 @@ class ParallelDims:
         """More than the one data-parallel dimension plain FSDP has."""
         return self.dp_replicate > 1 or self.tp > 1
 
-    def build_mesh(self, device_type: str, *, lightning_names: bool = False) -> Any:
+    def build_mesh(self, device_type: str, *, lightning_names: bool = False) -> DeviceMesh:
         """The processes' `DeviceMesh` (every process calls it, in step); the one place a mesh is built.
 
         * plain FSDP (``dp_shard`` only): one unnamed dimension over every process, the mesh ``fully_shard`` makes
@@ -113,7 +116,7 @@ class ParallelDims:
         mesh["dp_replicate", "dp_shard"]._flatten("dp")
         return mesh
 
-    def fsdp_mesh(self, mesh: Any) -> Any:
+    def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """What ``fully_shard`` shards over on a mesh `build_mesh` made: ``dp_shard``, or ``(dp_replicate, dp_shard)``
         for HSDP (replicated across the first, sharded across the second); the whole of a one-dimensional mesh."""
         names = tuple(mesh.mesh_dim_names or ())
@@ -123,7 +126,7 @@ class ParallelDims:
             return mesh["data_parallel"]
         return mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else mesh["dp_shard"]
 
-    def data_parallel_mesh(self, mesh: Any) -> Any:
+    def data_parallel_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """The processes that see different batches, on a mesh `build_mesh` made (its ``"dp"`` or ``"data_parallel"``
         dimension; the whole of a one-dimensional mesh)."""
         names = tuple(mesh.mesh_dim_names or ())
