@@ -92,6 +92,32 @@ def test_killed_writer_process_fails_the_save_and_the_run_resumes_from_the_previ
     assert "CheckpointSaveError" in killed.stderr and "writer process" in killed.stderr and "SIGKILL" in killed.stderr, killed.stderr[-3000:]
 
 
+@pytest.mark.timeout(120)
+def test_a_launchers_sigterm_ends_a_failed_run_that_waits_for_its_background_save(tmp_path: Path) -> None:
+    """A run fails (its step raises) while its background save cannot finish (its writer blocked on a file: a peer
+    gone, a hung disk). The Trainer waits for that save before re-raising, and a SIGTERM from the launcher then must
+    end the process (a failed run writes no preemption checkpoint), not be recorded while the wait goes on: under
+    torchrun, that wait lasted until the agent's SIGKILL 30 s later."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    args = [sys.executable, "-m", "tests.distributed.test_async_checkpoint_kill", str(tmp_path), "trainer", "single", "block"]
+    with open(tmp_path / "stderr.txt", "w") as err:
+        job = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 90
+            while not (tmp_path / "failing").exists():
+                assert job.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the run never failed"
+                time.sleep(0.1)
+            time.sleep(0.5)  # (in the wait for the save now)
+            job.send_signal(signal.SIGTERM)
+            assert job.wait(timeout=15) == -signal.SIGTERM
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    assert _left_running(tmp_path) == [], "the checkpoint writer outlived its run"
+
+
 def _kill_and_resume(face: str, nproc: int, strategy: str, kill: str, tmp_path: Path) -> subprocess.CompletedProcess:
     import torch
     from safetensors.torch import load_file
@@ -190,6 +216,19 @@ class _KillWhenPickled:
 _HOLD = "import os, sys, time; os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK); print(flush=True); time.sleep(300)"
 
 
+class _BlockWhenPickled:
+    """Pickled only by the background save: makes that file a pipe with no reader, so the writer blocks opening it
+    and the save never finishes (a peer gone, a hung filesystem)."""
+
+    def __deepcopy__(self, memo: Any) -> _BlockWhenPickled:
+        return self
+
+    def __reduce__(self) -> Any:
+        (staging,) = [p for p in (Path.cwd() / "checkpoints").iterdir() if p.name.endswith(".partial")]
+        os.mkfifo(staging / "custom_checkpoint_0.bin")
+        return (int, (0,))
+
+
 class Probe:
     """Registered for checkpointing in every phase (so every checkpoint holds the same objects); in the killed run its
     state at step `KILL_AT` carries the object that kills process 0 or its writer in the middle of the write."""
@@ -201,7 +240,9 @@ class Probe:
         import torch
 
         state: dict[str, Any] = {"step": torch.tensor(self.step)}
-        if self.kill and self.step == KILL_AT and int(os.environ.get("RANK", "0")) == 0:
+        if self.kill == "block" and self.step == KILL_AT:
+            state["block"] = _BlockWhenPickled()
+        elif self.kill and self.step == KILL_AT and int(os.environ.get("RANK", "0")) == 0:
             state["bomb"] = _KillWhenPickled(self.kill)
             state["ballast"] = torch.zeros(1 << 18)  # 1 MB: more than the pipe holds
         return state
@@ -268,6 +309,8 @@ def _trainer_run(root: Path, strategy: str, kill: str) -> tuple[Any, Any, int]:
             self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if kill == "block" and self.trainer.global_step == KILL_AT:  # the run fails while its save cannot finish
+                raise RuntimeError("the step after the blocked save fails")
             x, y = _data(self.trainer.global_step + 1, self.trainer.strategy.data_parallel_rank)
             return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -283,6 +326,9 @@ def _trainer_run(root: Path, strategy: str, kill: str) -> tuple[Any, Any, int]:
 
         def on_train_start(self, trainer: Any, module: Any) -> None:
             self.resumed_from = trainer.global_step
+
+        def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+            (root / "failing").touch()  # (the test's cue: the run is failing, and about to wait for its save)
 
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             self.probe.step = trainer.global_step

@@ -663,6 +663,9 @@ class Trainer:
                 result = None
             self.accelerator.checkpoints.wait()  # a checkpoint written in the background is committed before we return
         except BaseException as err:
+            # the run failed: no preemption checkpoint will answer a signal now, so a launcher's SIGTERM while this
+            # process waits below (for its background save, whose peers may be gone) ends it, as without a Trainer
+            self.agreement.signals.restore()
             self._dispatch.call_callbacks("on_exception", err)
             if callable(getattr(datamodule, "on_exception", None)):  # Lightning's order: the callbacks, then the datamodule
                 datamodule.on_exception(err)
