@@ -97,6 +97,10 @@ class _FreshStart:
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
                            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                            "TRAINWRIGHT_PG_TIMEOUT": "60", **env})
+        if world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+            os.environ["OMP_NUM_THREADS"] = "1"  # torchrun's default for several processes on one machine
+        if "OMP_NUM_THREADS" in os.environ:  # (read by a new process's torch at start; this one imported torch already)
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         os.chdir(cwd)
         random.seed(0)
         torch.manual_seed(0)

@@ -117,7 +117,7 @@ def run_python(argv: list[str], *, cwd: str | os.PathLike[str] | None = None, en
             Path(path).touch()
         processes = []
         for rank in range(nprocs):
-            rank_env = environ if nprocs == 1 else {**environ, **_torchrun_variables(rank, nprocs, port)}
+            rank_env = environ if nprocs == 1 else {"OMP_NUM_THREADS": "1", **environ, **_torchrun_variables(rank, nprocs, port)}
             processes.append(_CONTEXT.Process(target=_run_main, args=(argv[1:], workdir, rank_env, paths), name=f"script-{rank}"))
         for process in processes:
             process.start()
