@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 from callbacks.base import Callback
 
 if TYPE_CHECKING:
+    import torch
+
     from callbacks.view import TrainerView
-    from trainer.fit.module import TrainModule
+    from trainer.fit.module import LRSchedulerConfig, TrainModule
 
 _INTERVALS = (None, "step", "epoch")
 
@@ -84,7 +86,7 @@ class LearningRateMonitor(Callback):
                     stacklevel=2,
                 )
 
-    def _names(self, optimizers: list[Any], configs: list[Any]) -> list[list[str]]:
+    def _names(self, optimizers: list[torch.optim.Optimizer], configs: list[LRSchedulerConfig]) -> list[list[str]]:
         """One list of learning-rate metric names per optimizer (one per parameter group), as Lightning names them."""
         seen: dict[str, int] = {}
         names = []
@@ -104,7 +106,7 @@ class LearningRateMonitor(Callback):
                 names.append([f"{stem}/{group.get('name', f'pg{i + 1}')}" for i, group in enumerate(groups)])
         return names
 
-    def _interval_of(self, index: int, optimizer: Any, configs: list[Any]) -> str:
+    def _interval_of(self, index: int, optimizer: torch.optim.Optimizer, configs: list[LRSchedulerConfig]) -> str:
         if self.logging_interval is not None:
             return self.logging_interval
         config = _config_for(index, optimizer, configs)
@@ -144,7 +146,7 @@ class LearningRateMonitor(Callback):
             trainer.log_metrics(values, int(trainer.run_state.logging_step))
 
 
-def _config_for(index: int, optimizer: Any, configs: list[Any]) -> Any:
+def _config_for(index: int, optimizer: torch.optim.Optimizer, configs: list[LRSchedulerConfig]) -> LRSchedulerConfig | None:
     """The scheduler config of the ``index``-th optimizer (by ``opt_idx``, else by identity), or None."""
     for config in configs:
         opt_idx = getattr(config, "opt_idx", None)
@@ -155,13 +157,13 @@ def _config_for(index: int, optimizer: Any, configs: list[Any]) -> Any:
     return None
 
 
-def _optimizer_of(scheduler: Any) -> Any:
+def _optimizer_of(scheduler: object) -> object:
     """The torch optimizer a scheduler drives, looking through wrappers (``.scheduler``, ``.optimizer``)."""
     scheduler = getattr(scheduler, "scheduler", scheduler)
     return _unwrap(getattr(scheduler, "optimizer", None))
 
 
-def _unwrap(optimizer: Any) -> Any:
+def _unwrap(optimizer: object) -> object:
     """The torch optimizer inside a wrapper that keeps it as ``.optimizer``."""
     while optimizer is not None and hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer

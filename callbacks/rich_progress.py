@@ -6,9 +6,13 @@ Needs the ``rich`` package (``pip install rich``); without it the first bar rais
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.progress import ProgressBar
+
+if TYPE_CHECKING:
+    from callbacks.view import TrainerView
+    from trainer.fit.module import TrainModule
 
 
 @dataclass
@@ -82,11 +86,11 @@ class RichProgressBar(ProgressBar):
             self.progress.stop()
             self.progress = None
 
-    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+    def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         super().teardown(trainer, module, stage)
         self._stop_if_idle()
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: TrainerView, module: TrainModule, exception: BaseException) -> None:
         super().on_exception(trainer, module, exception)
         self._stop_if_idle()
 

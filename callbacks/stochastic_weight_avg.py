@@ -242,7 +242,7 @@ class StochasticWeightAveraging(Callback):
         module.train()
         try:
             with torch.no_grad():
-                for batch_idx, batch in enumerate(trainer.train_dataloader):
+                for batch_idx, batch in enumerate(trainer.train_step_batches()):  # (a CombinedLoader's: the batch alone)
                     if batch_idx >= limit:
                         break
                     module.training_step(batch, batch_idx)

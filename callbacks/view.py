@@ -16,22 +16,26 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
-    from callbacks.base import Callback
+    from callbacks.batch_size_finder import BatchSizeFinder
     from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.lr_finder import LearningRateFinder
     from callbacks.trackers.base import GeneralTracker
     from strategies.base import Strategy
-    from strategies.checkpoint_store import CheckpointStore
+    from strategies.checkpoint_store import CheckpointStore, PendingSave
     from trainer.accelerator.accelerator import Accelerator
     from trainer.fit.agreement import LoopAgreement
+    from trainer.fit.combined_loader import CombinedLoader
     from trainer.fit.datamodule import DataModule
+    from trainer.fit.lr_finder import LRFinder
     from trainer.fit.module import LRSchedulerConfig, ManualOptimizer, TrainModule
     from trainer.fit.run_state import RunState
 
@@ -131,8 +135,12 @@ class TrainerView(Protocol):
     def estimated_stepping_batches(self) -> int | float: ...
 
     @property
-    def train_dataloader(self) -> Any:
+    def train_dataloader(self) -> torch.utils.data.DataLoader | CombinedLoader | None:
         """The prepared training loader of the running ``fit`` (None outside one)."""
+
+    def train_step_batches(self) -> Iterator[Any]:
+        """One pass over the training loader, each batch as ``training_step`` gets it (a `CombinedLoader`'s combined
+        batch, without its indices); raises RuntimeError outside a ``fit``."""
 
     @property
     def num_training_batches(self) -> int | float:
@@ -215,7 +223,11 @@ class TrainerView(Protocol):
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the global main process only."""
 
-    def run_tuner(self, finder: Callback, module: TrainModule) -> Any:
+    @overload
+    def run_tuner(self, finder: LearningRateFinder, module: TrainModule) -> LRFinder | None: ...
+    @overload
+    def run_tuner(self, finder: BatchSizeFinder, module: TrainModule) -> int | None: ...
+    def run_tuner(self, finder: LearningRateFinder | BatchSizeFinder, module: TrainModule) -> LRFinder | int | None:
         """Run a `LearningRateFinder`'s or `BatchSizeFinder`'s search now (from its hook); returns what it found."""
 
     accumulate_grad_batches: int
@@ -245,9 +257,10 @@ class TrainerView(Protocol):
         """The run's checkpoint store: `after_commit` queues bookkeeping behind the save in flight."""
 
     def save_checkpoint(
-        self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: Any = None, *, async_save: bool | None = None,
-    ) -> Any:
-        """Write a complete checkpoint directory (every process must call it); `async_save` None: the trainer's default."""
+        self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: None = None, *, async_save: bool | None = None,
+    ) -> Path | PendingSave:
+        """Write a complete checkpoint directory (every process must call it); `async_save` None: the trainer's default.
+        Returns the directory, or with `async_save` the handle of its background write."""
 
     @property
     def agreement(self) -> LoopAgreement:
@@ -260,8 +273,8 @@ class ModuleTrainerView(TrainerView, Protocol):
 
     def log_value(
         self, name: str, value: Any, on_step: bool | None = None, on_epoch: bool | None = None, prog_bar: bool = False,
-        logger: bool = True, sync_dist: bool = False, reduce_fx: Any = "mean", batch_size: int | None = None,
-        add_dataloader_idx: bool = True, enable_graph: bool = False, sync_dist_group: Any = None,
+        logger: bool = True, sync_dist: bool = False, reduce_fx: str | Callable[..., object] = "mean",
+        batch_size: int | None = None, add_dataloader_idx: bool = True, enable_graph: bool = False, sync_dist_group: ProcessGroup | None = None,
         metric_attribute: str | None = None, rank_zero_only: bool = False,
     ) -> None:
         """What ``self.log`` records (``TrainModule.log`` has the semantics); it passes the arguments positionally."""

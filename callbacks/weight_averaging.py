@@ -27,6 +27,7 @@ from trainer.accelerator.state import Part
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
+    from strategies.base import Strategy
     from trainer.fit.module import TrainModule
 
 AVERAGED_MODEL_FILE = "averaged_model.bin"
@@ -244,7 +245,7 @@ class EMAWeightAveraging(WeightAveraging):
         return epoch_idx is not None and self.update_starting_at_epoch is not None and epoch_idx >= self.update_starting_at_epoch
 
 
-def _check_strategy(callback: WeightAveraging, strategy: Any) -> bool:
+def _check_strategy(callback: WeightAveraging, strategy: Strategy) -> bool:
     """Whether `strategy` shards the module with FSDP (the average is then sharded too); raise for the strategies
     the average cannot follow (DeepSpeed owns the parameters; another sharded strategy is unknown here)."""
     from strategies.fsdp import FSDPStrategy  # lazy: import cost (needed only under FSDP)
@@ -267,7 +268,7 @@ def _check_strategy(callback: WeightAveraging, strategy: Any) -> bool:
     return False
 
 
-def refuse_sharded(callback: Callback, strategy: Any) -> None:
+def refuse_sharded(callback: Callback, strategy: Strategy) -> None:
     """Raise NotImplementedError under a strategy that shards the parameters (FSDP) or owns them (DeepSpeed)."""
     if getattr(strategy, "sharded", False) or isinstance(strategy, Engine):
         raise NotImplementedError(
@@ -284,7 +285,7 @@ class _AveragedState:
     (a collective: every process's ``state_dict`` runs in step) and sliced into each process's shards when loaded.
     """
 
-    def __init__(self, callback: WeightAveraging, module: TrainModule, strategy: Any = None) -> None:
+    def __init__(self, callback: WeightAveraging, module: TrainModule, strategy: Strategy | None = None) -> None:
         self.callback, self.module, self.strategy = callback, module, strategy
 
     def state_dict(self) -> dict[str, Any]:

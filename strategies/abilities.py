@@ -6,6 +6,7 @@ A face asks ``isinstance(strategy, Engine)`` once, where it sets things up, inst
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ class Engine(ABC):
     @abstractmethod
     def setup_module_and_optimizers(
         self, module: nn.Module, optimizers: list[torch.optim.Optimizer], *, move: bool = True, batch_size: int | None = None,
-        model_parameters: Any = None, lr_scheduler: Any = None,
+        model_parameters: Any = None, lr_scheduler: Callable[[torch.optim.Optimizer], object] | None = None,
     ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
         """Build the engine around `module` and `optimizers`; returns what to call and what to step. With no optimizer,
         the engine may build the one its `config` describes, over `model_parameters`, and a schedule (its own, or

@@ -27,6 +27,8 @@ from strategies.materialize import has_meta_tensors, materialize
 from strategies.precision import Precision, PrecisionSettings
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.algorithms import Joinable
     from torch.distributed.device_mesh import DeviceMesh
 
 _MISSING = object()
@@ -109,7 +111,7 @@ class Strategy:
     def local_rank(self) -> int:
         return self.cluster.local_rank
 
-    data_parallel_group: Any = None  # the processes that see different data: metrics gather and reduce over it (None: all)
+    data_parallel_group: ProcessGroup | None = None  # the processes that see different data: metrics gather and reduce over it (None: all)
 
     @property
     def data_parallel_rank(self) -> int:
@@ -129,7 +131,7 @@ class Strategy:
     def setup_environment(self) -> None:
         """Create process groups / select the device. Called once before anything else."""
 
-    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[None]:
         """Where a model is built: ``Trainer.init_module()``, around ``TrainModule.configure_model()``, and the
         Accelerator's ``init_module()``.
 
@@ -273,15 +275,15 @@ class Strategy:
                 and type(self).optimizer_step is Strategy.optimizer_step and precision.backward is Precision.backward
                 and precision.optimizer_step is Precision.optimizer_step)
 
-    def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[None]:
         """Skip gradient synchronization inside the block (gradient accumulation)."""
         return contextlib.nullcontext()
 
-    def trigger_sync_in_backward(self, module: nn.Module) -> AbstractContextManager[Any]:
+    def trigger_sync_in_backward(self, module: nn.Module) -> AbstractContextManager[None]:
         """Reduce `module`'s gradients in the next backward inside the block, even within `no_sync`."""
         return contextlib.nullcontext()
 
-    def join(self, joinables: list[Any], enable: bool) -> AbstractContextManager[Any]:
+    def join(self, joinables: list[Joinable | nn.Module], enable: bool) -> AbstractContextManager[None]:
         """Let processes with fewer batches shadow the others' gradient reductions (``enable``); DDP only."""
         if enable:
             raise NotImplementedError(
@@ -290,12 +292,12 @@ class Strategy:
             )
         return contextlib.nullcontext()
 
-    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager[Any]:
+    def evaluation_context(self, inference_mode: bool) -> AbstractContextManager[None]:
         """The autograd mode evaluation runs in: ``torch.inference_mode()`` when asked (Lightning's default), else
         ``torch.no_grad()``. Parameters gathered by a sharded strategy cannot be inference tensors: there, no_grad."""
         return torch.inference_mode() if inference_mode and not self.sharded else torch.no_grad()
 
-    def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[Any]:
+    def gathered_parameters(self, module: nn.Module) -> AbstractContextManager[None]:
         """Keep `module`'s full parameters on every process inside the block, so its forward needs no collective.
 
         For evaluation where the processes run different numbers of batches. Nothing to do unless parameters are sharded.
@@ -439,7 +441,7 @@ def write_nothing() -> Write:
     return _write_nothing
 
 
-def full_states_writer(states: list[dict[str, torch.Tensor]], optimizer_states: list[Any]) -> Write:
+def full_states_writer(states: list[dict[str, torch.Tensor]], optimizer_states: list[dict[str, Any]]) -> Write:
     """The write function of full (unsharded) states: ``model.safetensors``, ``optimizer.bin``, ... of each model and
     optimizer, in order."""
 

@@ -713,7 +713,7 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise CheckpointError(f"cannot read {path} as safetensors: {err}; the file is damaged or was tampered with") from err
 
 
-def check_state_fits(shapes: Mapping[str, Sequence[int]], module: Any, source: Path, *, strict: bool = True) -> None:
+def check_state_fits(shapes: Mapping[str, Sequence[int]], module: torch.nn.Module, source: Path, *, strict: bool = True) -> None:
     """Raise `CheckpointError` before anything is loaded when the tensors of `source` (name -> shape) do not fit `module`.
 
     Torch's own error comes after the matching tensors were already copied in; this check keeps the model as it
@@ -744,7 +744,7 @@ def _listed(keys: set[str]) -> str:
 
 
 def load_weights(
-    directory: Path, module: Any, *, device: Any = "cpu", strict: bool = True, index: int = 0, load_full: Any = None
+    directory: Path, module: torch.nn.Module, *, device: Any = "cpu", strict: bool = True, index: int = 0, load_full: Any = None
 ) -> None:
     """Load the weights of model `index` of a checkpoint directory into `module` (full or sharded format).
 

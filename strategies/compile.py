@@ -89,7 +89,7 @@ def recompile_with(model: nn.Module, dynamo_ctx: Any) -> None:
         model.forward = _compiled(model.forward, dynamo_ctx)
 
 
-def unwrap_compiled(model: Any) -> tuple[Any, Any]:
+def unwrap_compiled(model: nn.Module) -> tuple[Any, Any]:
     """``(module, dynamo_ctx)`` of a ``torch.compile(module)`` wrapper; ``(model, None)`` for anything else."""
     original = getattr(model, "_orig_mod", None)
     if isinstance(original, nn.Module) and hasattr(model, "dynamo_ctx"):

@@ -27,7 +27,7 @@ import os
 import pickle
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -348,7 +348,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         move: bool = True,
         batch_size: int | None = None,
         model_parameters: Any = None,
-        lr_scheduler: Any = None,
+        lr_scheduler: Callable[[torch.optim.Optimizer], object] | None = None,
     ) -> tuple[nn.Module, list[torch.optim.Optimizer]]:
         """Build the engine. With no optimizer passed and an ``optimizer`` section in the config, the engine builds the
         optimizer from it, over `model_parameters` (parameters or parameter groups; default: every trainable

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,12 +41,15 @@ from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
 from strategies.tensor_parallel import apply_tensor_parallel
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 NO_SPLIT_MODULES = "<the model's _no_split_modules>"  # in wrap_classes: the block classes a Hugging Face model names
 
 
 def apply_fsdp(
     model: nn.Module,
-    mesh: Any,
+    mesh: DeviceMesh | None,
     *,
     wrap_classes: Iterable[type[nn.Module] | str] | None = None,
     min_num_params: int | None = None,
@@ -405,7 +408,7 @@ class FSDPStrategy(Strategy, Float8AllGather):
         self._owns_group = False
 
 
-def _parallel_dims(dims: ParallelDims | None, device_mesh: Any, world_size: int) -> ParallelDims:
+def _parallel_dims(dims: ParallelDims | None, device_mesh: tuple[int, int] | None, world_size: int) -> ParallelDims:
     if dims is not None and device_mesh is not None:
         raise ValueError("pass parallel_dims or device_mesh (Lightning's HSDP shorthand), not both")
     if device_mesh is not None:

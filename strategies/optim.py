@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import torch
 
@@ -26,7 +25,7 @@ _GLOBAL_STEP_HOOKS = (getattr(_torch_optimizer, "_global_optimizer_pre_hooks", {
 _TORCH_STEP_CODE_HOOK = getattr(torch.optim.Optimizer, "_optimizer_step_code", None)
 
 
-def zero_grad_to_none(optimizer: Any) -> None:
+def zero_grad_to_none(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.zero_grad(set_to_none=True)``, without torch's per-call overhead where nothing can see the difference.
 
     Torch's method sets each parameter's gradient to None inside a ``record_function`` label and a compiler
@@ -44,7 +43,7 @@ def zero_grad_to_none(optimizer: Any) -> None:
                 p.grad = None
 
 
-def step_optimizer(optimizer: Any) -> None:
+def step_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()``, without torch's per-call overhead where nothing can see the difference.
 
     Torch wraps every optimizer class's ``step`` in a function that opens a ``record_function`` label, runs the step
@@ -67,5 +66,5 @@ def step_optimizer(optimizer: Any) -> None:
         optimizer.step()
         return
     if scheduler_wrapper:  # all it does before calling the class's step
-        optimizer._opt_called = True
-    wrapper.__wrapped__(optimizer)
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__(optimizer)  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ classes are provided when `strategies.data` has them, else listed in `trainer.un
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,13 +18,16 @@ from trainer.accelerator.accelerator import _checked_rng_types, _rng_synchronize
 from trainer.accelerator.layout import PartialState
 from trainer.unsupported import unsupported_names
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 _unsupported = unsupported_names(__name__)
 _ACCELERATE_NAMES = ("BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderStateMixin", "IterableDatasetShard",
                      "SkipBatchSampler", "SkipDataLoader", "get_sampler")
 
 
 def prepare_data_loader(
-    dataloader: Any,
+    dataloader: torch.utils.data.DataLoader,
     device: Any = None,
     num_processes: int | None = None,
     process_index: int | None = None,
@@ -38,7 +41,7 @@ def prepare_data_loader(
     data_seed: int | None = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
-    torch_device_mesh: Any = None,
+    torch_device_mesh: DeviceMesh | None = None,
 ) -> DataLoaderShard:
     """Accelerate's ``prepare_data_loader``: `dataloader` rebuilt to load the shard of process `process_index` of
     `num_processes` (default: this process's place in `PartialState`; no process group is needed to give others).
@@ -90,7 +93,7 @@ def prepare_data_loader(
     )
 
 
-def _data_parallel_place(mesh: Any, process_index: int) -> tuple[int, int]:
+def _data_parallel_place(mesh: DeviceMesh, process_index: int) -> tuple[int, int]:
     """(data-parallel size, data-parallel index) of `process_index` on `mesh` (Accelerate's rule: ranks of one tensor-
     or context-parallel group share a batch)."""
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())

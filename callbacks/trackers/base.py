@@ -18,6 +18,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from callbacks.base import Callback
@@ -25,6 +26,7 @@ from strategies.base import user_class
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
+    from trainer.fit.datamodule import DataModule
     from trainer.fit.module import TrainModule
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,7 +51,7 @@ def on_main_process(function: F) -> F:
     """
 
     @functools.wraps(function)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: object, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", True) and not _is_main(self):
             return None
         return function(self, *args, **kwargs)
@@ -57,12 +59,12 @@ def on_main_process(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _is_main(tracker: Any) -> bool:
+def _is_main(tracker: object) -> bool:
     flag = getattr(tracker, "_is_main_process", None)
     return env_is_main_process() if flag is None else bool(flag)
 
 
-def require_package(module_name: str, pip_name: str, tracker_name: str) -> Any:
+def require_package(module_name: str, pip_name: str, tracker_name: str) -> ModuleType:
     """Import an optional package, or fail with the command that installs it.
 
     Raises:
@@ -107,7 +109,7 @@ class NoOpTracker:
     def __enter__(self) -> NoOpTracker:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         return None
 
     def __bool__(self) -> bool:
@@ -232,7 +234,7 @@ def flat_config(values: Mapping[str, Any]) -> dict[str, int | float | bool | str
     }
 
 
-def logged_hyperparameters(module: Any, datamodule: Any) -> dict[str, Any]:
+def logged_hyperparameters(module: TrainModule | None, datamodule: DataModule | None) -> dict[str, Any]:
     """The hyperparameters a run's trackers record (Lightning's rule): the module's and the DataModule's ``hparams``,
     each unless it called ``save_hyperparameters(logger=False)``; a name both hold with different values is an error."""
     parts = [dict(getattr(owner, "hparams", None) or {}) for owner in (module, datamodule)

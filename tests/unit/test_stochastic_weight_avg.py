@@ -97,6 +97,31 @@ def test_batch_norm_statistics_are_recomputed_for_the_average(tmp_path: Path) ->
     assert got.momentum == 0.1  # restored after the pass
 
 
+class TwoLoaderNet(Net):
+    """Trained on a list of two loaders: each step gets the combined batch (one batch of each), and learns from the first."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        first, _ = batch
+        return super().training_step(first, batch_idx)
+
+
+def test_batch_norm_statistics_are_recomputed_from_the_combined_batches_of_several_train_loaders(tmp_path: Path) -> None:
+    # the recomputation gives training_step what a step gets: the combined batch, not the CombinedLoader's
+    # (batch, batch_idx, dataloader_idx) (before, that triple reached the step, which failed to unpack it)
+    torch.manual_seed(5)
+    module = TwoLoaderNet(batch_norm=True)
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=3, annealing_epochs=1, device=None)
+    trainer = Trainer(max_epochs=MAX_EPOCHS, callbacks=[swa], log_with=None, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, project_dir=str(tmp_path), seed=3)
+    trainer.fit(module, [loader(), loader()])
+    reference = copy.deepcopy(module.net)
+    update_bn(((x,) for x, _ in loader()), reference)  # the first loader's inputs, through the averaged weights
+    got, want = module.net[1], reference[1]
+    assert isinstance(got, nn.BatchNorm1d) and isinstance(want, nn.BatchNorm1d)
+    torch.testing.assert_close(got.running_mean, want.running_mean)
+    torch.testing.assert_close(got.running_var, want.running_var)
+
+
 def test_a_resumed_run_ends_bit_for_bit_the_same(tmp_path: Path) -> None:
     def make() -> StochasticWeightAveraging:
         return StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=3)

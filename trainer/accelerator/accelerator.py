@@ -26,7 +26,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from torch import nn
@@ -52,7 +52,7 @@ from trainer.accelerator.config import (
 from trainer.accelerator.dummies import DummyOptim, DummyScheduler, EngineScheduler, auto_values, check_placeholders
 from trainer.accelerator.gradient_state import GradientState
 from trainer.accelerator.gradient_state import track as track_gradient_state
-from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHandlers, ProfileKwargs, check_fp8
+from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHandler, KwargsHandlers, ProfileKwargs, check_fp8
 from trainer.accelerator.layout import AcceleratorState, share_strategy
 from trainer.accelerator.mesh_ranks import MeshRanks
 from trainer.accelerator.parallelism import ParallelismConfig
@@ -63,7 +63,10 @@ from trainer.accelerator.stepper import Stepper, check_loss
 from trainer.accelerator.wrappers import PreparedOptimizer, PreparedScheduler
 
 if TYPE_CHECKING:
-    from callbacks.trackers.base import GeneralTracker
+    from torch.distributed.algorithms import Joinable
+
+    from callbacks.trackers.base import GeneralTracker, NoOpTracker
+    from callbacks.trackers.registry import LogWith
     from strategies.data import DataLoaderShard
 
 _UNSET: Any = object()
@@ -113,16 +116,16 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         rng_types: list[str] | None = None,
         cpu: bool | None = None,
         strategy: str | Strategy | None = None,
-        log_with: Any = None,
+        log_with: LogWith = None,
         project_dir: str | os.PathLike | None = None,
         project_config: ProjectConfiguration | None = None,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         process_group_timeout: float | None = None,
-        kwargs_handlers: list[Any] | None = None,
+        kwargs_handlers: list[KwargsHandler] | None = None,
         deepspeed_plugin: DeepSpeedPlugin | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
-        dynamo_backend: Any = None,
+        dynamo_backend: str | Callable[..., object] | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
     ) -> None:
@@ -161,15 +164,10 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         strategy.configure_precision(_precision_settings(strategy.precision.settings, handlers, float8=fp8_backend is not None))
         # Accelerate's public handler attributes (ddp_handler, scaler_handler, init_handler, autocast_handler, profile_handler,
         # fp8_recipe_handler, ao_recipe_handler, te_recipe_handler, msamp_recipe_handler): each what was passed, else None
-        self.ddp_handler = handlers.ddp_handler
-        self.scaler_handler = handlers.scaler_handler
-        self.init_handler = handlers.init_handler
-        self.autocast_handler = handlers.autocast_handler
-        self.profile_handler = handlers.profile_handler
-        self.fp8_recipe_handler = handlers.fp8_recipe_handler
-        self.ao_recipe_handler = handlers.ao_recipe_handler
-        self.te_recipe_handler = handlers.te_recipe_handler
-        self.msamp_recipe_handler = handlers.msamp_recipe_handler
+        self.ddp_handler, self.scaler_handler, self.init_handler = handlers.ddp_handler, handlers.scaler_handler, handlers.init_handler
+        self.autocast_handler, self.profile_handler = handlers.autocast_handler, handlers.profile_handler
+        self.fp8_recipe_handler, self.ao_recipe_handler = handlers.fp8_recipe_handler, handlers.ao_recipe_handler
+        self.te_recipe_handler, self.msamp_recipe_handler = handlers.te_recipe_handler, handlers.msamp_recipe_handler
         self.has_fp8_handler = bool(handlers.fp8_recipes())
         self._fp8_backend = fp8_backend or "NO"
         if dynamo_plugin is not None and dynamo_backend is not None:
@@ -296,7 +294,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         return self.project_configuration.iteration
 
     # prepare ------------------------------------------------------------------------------------------
-    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[None]:
         """Build the model inside this block, where the strategy wants it (Lightning's ``init_module``).
 
         Single device and DDP: on the device, in the dtype of a ``-true`` precision. FSDP2: on the meta device, so
@@ -509,11 +507,11 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         with stepper.sync_context(models):
             yield
 
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
         """Skip DDP gradient sync in the block (gradients still accumulate locally)."""
         return self.strategy.no_sync(model)
 
-    def trigger_sync_in_backward(self, model: nn.Module) -> AbstractContextManager[Any]:
+    def trigger_sync_in_backward(self, model: nn.Module) -> AbstractContextManager[None]:
         """Make the next backward in the block reduce `model`'s gradients, even inside `no_sync`/`accumulate`.
 
         For a step with several forwards under ``no_sync`` and one backward of their combined loss: DDP arms
@@ -522,7 +520,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         return self.strategy.trigger_sync_in_backward(model)
 
     @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+    def join_uneven_inputs(self, joinables: list[Joinable | nn.Module], even_batches: bool | None = None) -> Iterator[None]:
         """Train DDP models on processes with different batch counts (PyTorch's ``Join``).
 
         `even_batches` overrides the prepared loaders' setting inside the block; ``even_batches=False`` makes
@@ -545,7 +543,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
             for shard, value in saved:
                 shard.even_batches = value
 
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> AbstractContextManager[None]:
         """Run the block in the mixed-precision dtype (a no-op with ``mixed_precision="no"``).
 
         `autocast_handler` (an `AutocastKwargs`) replaces the Accelerator's for this block, e.g.
@@ -581,7 +579,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         """Divide the gradients by the fp16 loss scale (once per step); nothing to do without a scaler."""
         self.stepper.unscale(self._inner_optimizers(optimizer))
 
-    def _inner_optimizers(self, optimizer: Any = None) -> list[torch.optim.Optimizer]:
+    def _inner_optimizers(self, optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None) -> list[torch.optim.Optimizer]:
         """The optimizers the strategy set up: of `optimizer` (one or a list), else of every prepared one."""
         targets = self.prepared.optimizers if optimizer is None else [optimizer] if not isinstance(optimizer, list) else optimizer
         return [opt.optimizer if isinstance(opt, PreparedOptimizer) else opt for opt in targets]
@@ -681,6 +679,10 @@ class Accelerator(MeshRanks, Collectives, Checkpointing):
         if self._trackers is not None:
             self._trackers.log(values, step=step, log_kwargs=log_kwargs)
 
+    @overload
+    def get_tracker(self, name: str, unwrap: Literal[False] = False) -> GeneralTracker | NoOpTracker: ...
+    @overload
+    def get_tracker(self, name: str, unwrap: bool) -> Any: ...
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         return self._tracker_hub().get(name, unwrap=unwrap)
 

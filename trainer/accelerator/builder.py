@@ -136,7 +136,7 @@ def _refuse_ddp_settings(ddp: DDPKwargs | None, strategy: str) -> None:
     )
 
 
-def _registry_name(strategy: Any) -> str | None:
+def _registry_name(strategy: str | Strategy | None) -> str | None:
     """The registry's name for a strategy name (an alias such as ``"fsdp2"`` gives ``"fsdp"``); None for an instance or
     an unknown name (`resolve_strategy` refuses that one)."""
     name = strategy if strategy is not None else env_setting("STRATEGY", "auto")

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 
 class DummyOptim:
@@ -33,7 +37,7 @@ class DummyScheduler:
     """The learning-rate schedule of the DeepSpeed config (or ``lr_scheduler_callable(optimizer)``)."""
 
     def __init__(
-        self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0,
+        self, optimizer: DummyOptim | torch.optim.Optimizer, total_num_steps: int | None = None, warmup_num_steps: int = 0,
         lr_scheduler_callable: Callable[[Any], Any] | None = None, **kwargs: Any,
     ) -> None:
         self.optimizer = optimizer
@@ -67,7 +71,8 @@ class EngineScheduler:
         return getattr(self.scheduler, name)
 
 
-def check_placeholders(config: dict[str, Any] | None, optimizer: Any, scheduler: Any, strategy_name: str) -> None:
+def check_placeholders(config: dict[str, Any] | None, optimizer: torch.optim.Optimizer | DummyOptim | None,
+                       scheduler: LRScheduler | ReduceLROnPlateau | DummyScheduler | None, strategy_name: str) -> None:
     """Accelerate's rules for the stand-ins: each needs its config section, and a real one contradicts it."""
     dummies = [type(o).__name__ for o in (optimizer, scheduler) if isinstance(o, (DummyOptim, DummyScheduler))]
     if config is None:
@@ -94,14 +99,16 @@ def check_placeholders(config: dict[str, Any] | None, optimizer: Any, scheduler:
         raise ValueError("DummyScheduler goes with DummyOptim (the engine builds both); with a torch optimizer pass a torch scheduler")
 
 
-def auto_values(optimizer: Any, scheduler: Any, num_processes: int, split_batches: bool) -> dict[str, Any]:
+def auto_values(optimizer: torch.optim.Optimizer | DummyOptim | None, scheduler: LRScheduler | ReduceLROnPlateau | DummyScheduler | None,
+                num_processes: int, split_batches: bool) -> dict[str, Any]:
     """The values the stand-ins give the config's ``"auto"`` entries (Accelerate's)."""
     values: dict[str, Any] = {}
     if isinstance(optimizer, DummyOptim):
         values.update({"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay})
     if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
         source = scheduler.optimizer
-        max_lr = source.defaults["lr"] if getattr(source, "defaults", None) is not None else getattr(source, "lr", None)
+        defaults = getattr(source, "defaults", None)
+        max_lr = defaults["lr"] if defaults is not None else getattr(source, "lr", None)
         values.update({"scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": max_lr,
                        "scheduler.params.warmup_num_steps": max(1, scheduler.warmup_num_steps)})
         if scheduler.total_num_steps is not None:

@@ -25,9 +25,12 @@ import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategies.fp8 import check_fp8_device
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class KwargsHandler:
@@ -165,7 +168,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
     def is_default(self) -> bool:
         return not self.to_kwargs() and not self.comm_hook_settings() and not self.extra
 
-    def register_comm_hook(self, model: Any) -> None:
+    def register_comm_hook(self, model: nn.Module) -> None:
         """Register the communication hook on a ``DistributedDataParallel`` `model` (Accelerate's method)."""
         from strategies.ddp import register_comm_hook  # lazy: the config records import no torch.distributed
 

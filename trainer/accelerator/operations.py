@@ -354,12 +354,12 @@ def verify_operation(operation: str, data: Any, shapes: Any = None) -> None:
 
 
 # models --------------------------------------------------------------------------------------------------
-def is_compiled_module(module: Any) -> bool:
+def is_compiled_module(module: object) -> bool:
     """Whether `module` is a ``torch.compile`` wrapper (``OptimizedModule``)."""
     return isinstance(module, torch._dynamo.eval_frame.OptimizedModule) if hasattr(torch, "_dynamo") else False
 
 
-def has_compiled_regions(module: Any) -> bool:
+def has_compiled_regions(module: object) -> bool:
     """Whether a submodule of `module` is a ``torch.compile`` wrapper (Accelerate's regional compilation)."""
     return isinstance(module, nn.Module) and any(is_compiled_module(m) for m in module.modules() if m is not module)
 
@@ -381,7 +381,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
     return model
 
 
-def is_peft_model(model: Any) -> bool:
+def is_peft_model(model: object) -> bool:
     if not _importable("peft"):
         return False
     from peft import PeftModel

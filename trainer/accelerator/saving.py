@@ -141,7 +141,7 @@ class Checkpointing(ProcessLayout):
         check_path(input_dir, "input_dir")
         return accelerator_state.load_state(cast("Accelerator", self), input_dir, strict=strict, verify=verify, **kwargs)
 
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+    def skip_first_batches(self, dataloader: torch.utils.data.DataLoader, num_batches: int = 0) -> Any:
         """A loader that starts `num_batches` into `dataloader`, skipping at the batch-sampler level."""
         from strategies.data import skip_first_batches  # lazy: `import trainer.accelerator` does not load strategies.data
 

@@ -25,7 +25,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.stepper = accelerator.stepper
         self.step_was_skipped = False
 
-    def steps(self, optimizer: Any) -> bool:
+    def steps(self, optimizer: object) -> bool:
         """Whether `optimizer` (as a scheduler holds it) is this one, the one it wraps, or the one the user passed."""
         return optimizer is self or optimizer is self.optimizer or optimizer is self.original
 

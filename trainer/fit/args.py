@@ -398,7 +398,7 @@ def _lightning_names(kw: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def _needs_launch(strategy: Any, devices: Any) -> bool:
+def _needs_launch(strategy: str | Strategy, devices: Any) -> bool:
     """True when this plain process must start `devices` processes itself (from ``fit``)."""
     cluster = detect_environment()
     if cluster.is_distributed:
@@ -412,7 +412,7 @@ def _needs_launch(strategy: Any, devices: Any) -> bool:
     return _is_int(devices) and devices > 1 and entry is not None and entry.launchable
 
 
-def _strategy_name(strategy: Any) -> str:
+def _strategy_name(strategy: str | Strategy) -> str:
     """The registry name of a strategy given by name or as an instance (which each launched process builds anew)."""
     return str(getattr(strategy, "name", strategy))
 

@@ -60,7 +60,7 @@ class TrainBatch:
         self.agreement = trainer.agreement
         self.module = module = trainer.attached_module
         self.results = trainer._results
-        strategy, model = acc.strategy, trainer.model
+        strategy, model = acc.strategy, trainer.model_setup.model  # set up before any batch runs
         self.models = [model]
         # the step, through the wrapper's forward when the strategy needs its hooks (DDP, FSDP), else the method itself
         redirect = strategy.redirects_forward(model, module)
@@ -192,7 +192,9 @@ class TrainBatch:
             output = outputs[-1]
             return output if type(output) is torch.Tensor else _loss_of(output)
 
-        self.module.optimizer_step(self.state.current_epoch, batch_idx, self.step_optimizer, optimizer_closure)
+        step_optimizer = self.step_optimizer
+        assert step_optimizer is not None  # built with this method's choice in __init__
+        self.module.optimizer_step(self.state.current_epoch, batch_idx, step_optimizer, optimizer_closure)
         if not outputs:
             raise RuntimeError(
                 f"{type(self.module).__name__}.optimizer_step(epoch, batch_idx, optimizer, optimizer_closure) did not run "
@@ -358,7 +360,7 @@ def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
         )
 
 
-def _needs_closure(optimizer: Any) -> bool:
+def _needs_closure(optimizer: object) -> bool:
     """Whether `optimizer`'s ``step`` cannot run without a closure (``torch.optim.LBFGS``)."""
     step = getattr(optimizer, "step", None)
     try:
@@ -368,7 +370,7 @@ def _needs_closure(optimizer: Any) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-def _inner(optimizer: Any) -> Any:
+def _inner(optimizer: torch.optim.Optimizer | None) -> Any:
     """The optimizer a prepared wrapper holds (or `optimizer` itself)."""
     return getattr(optimizer, "optimizer", optimizer)
 
@@ -392,7 +394,7 @@ def manual_backward(trainer: Trainer, loss: torch.Tensor, **kwargs: Any) -> None
     The step ran outside the wrapper's forward, so the strategy arms its gradient sync first.
     """
     trainer.dispatch.call("on_before_backward", loss)
-    trainer.accelerator.strategy.prepare_for_backward(trainer.model, loss)
+    trainer.accelerator.strategy.prepare_for_backward(trainer.model_setup.model, loss)
     with profile(trainer, "backward"):
         trainer.accelerator.backward(loss, **kwargs)
     health = trainer.run_state.loss_health

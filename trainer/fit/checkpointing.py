@@ -36,7 +36,7 @@ __all__ = ["find_last_checkpoint", "is_complete_checkpoint", "read_manifest", "r
 
 
 # --------------------------------------------------------------------------------------------- saving
-def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_save: bool = False, weights_only: bool = False) -> Any:
+def save_checkpoint(trainer: Trainer, dirpath: str | os.PathLike[str], *, async_save: bool = False, weights_only: bool = False) -> Path | store.PendingSave:
     """Write a complete checkpoint of `trainer`'s run to the directory `dirpath`, atomically (with `async_save`, in
     the background once the state is copied: see `strategies.checkpoint_store`).
 

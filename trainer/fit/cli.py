@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from functools import partial, update_wrapper
 from types import MethodType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim import Optimizer
@@ -46,6 +46,9 @@ from trainer.fit.datamodule import DataModule
 from trainer.fit.module import TrainModule
 from trainer.fit.trainer import Trainer
 from trainer.utils import seed_everything
+
+if TYPE_CHECKING:
+    from callbacks.view import TrainerView
 
 
 def _import_builtin_callbacks() -> None:
@@ -177,7 +180,7 @@ class SaveConfigCallback(Callback):
                 "the config elsewhere, or pass LightningCLI(save_config_callback=None) to save none"
             )
 
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         if self.already_saved:
             return
         if self.save_to_log_dir:
@@ -205,7 +208,7 @@ class SaveConfigCallback(Callback):
             self.already_saved = True
         self.already_saved = bool(trainer.strategy.broadcast_object(self.already_saved))
 
-    def save_config(self, trainer: Any, module: Any, stage: str) -> None:
+    def save_config(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:
         """Override to save the config somewhere else too (process 0 only: no collective calls here)."""
 
 
@@ -420,7 +423,7 @@ class LightningCLI:
         return self.parser if subcommand is None else self._subcommand_parsers[subcommand]
 
     @staticmethod
-    def configure_optimizers(lightning_module: TrainModule, optimizer: Optimizer, lr_scheduler: Any = None) -> Any:
+    def configure_optimizers(lightning_module: TrainModule, optimizer: Optimizer, lr_scheduler: LRSchedulerTypeUnion | None = None) -> Any:
         """What the module's ``configure_optimizers`` returns with the CLI's optimizer (and scheduler); override to change it."""
         if lr_scheduler is None:
             return optimizer

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from torch.utils import _pytree
+from torch.utils.data import DataLoader
 
 Mode = Literal["min_size", "max_size_cycle", "max_size", "sequential"]
 MODES: tuple[str, ...] = ("min_size", "max_size_cycle", "max_size", "sequential")
@@ -175,3 +176,8 @@ class CombinedLoader(Iterable[tuple[Any, int, int]]):
         """Forget the running iteration."""
         self._iterators = None
         self._exhausted = []
+
+
+Loaders = DataLoader | CombinedLoader | list[DataLoader] | tuple[DataLoader, ...] | Mapping[str, DataLoader]
+"""What the Trainer's entry points take as loaders and a ``*_dataloader()`` method returns (Lightning's
+``TRAIN_DATALOADERS``/``EVAL_DATALOADERS``): one loader, a `CombinedLoader`, or a list, tuple or dict of loaders."""

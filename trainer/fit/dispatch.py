@@ -80,7 +80,7 @@ class HookDispatcher:
     (kept for the run); the per-batch events get theirs from `caller` once per epoch.
     """
 
-    def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: TrainerView) -> None:
+    def __init__(self, module: TrainModule | None, module_base: type, callbacks: Sequence[Callback], owner: TrainerView) -> None:
         self.module = module
         self.callbacks = list(callbacks)
         self.owner = owner
@@ -149,7 +149,7 @@ class HookDispatcher:
 
 
 def _firing(event: str, callbacks: list[tuple[Callback, Callable[..., Any]]], module_hook: Callable[..., Any] | None,
-            owner: TrainerView, module: Any) -> Callable[..., None]:
+            owner: TrainerView, module: TrainModule | None) -> Callable[..., None]:
     """A function calling each of `callbacks`' hooks with ``(owner, module, *args)``, then `module_hook` with ``*args``
     (`module_hook` first for an event of `MODULE_FIRST`); an error raised in one says where in a note ("raised in
     callback X.event")."""
@@ -166,7 +166,7 @@ def _firing(event: str, callbacks: list[tuple[Callback, Callable[..., Any]]], mo
 
 
 def _callbacks_then_module(event: str, callbacks: list[tuple[Callback, Callable[..., Any]]], module_hook: Callable[..., Any] | None,
-                           owner: TrainerView, module: Any) -> Callable[..., None]:
+                           owner: TrainerView, module: TrainModule | None) -> Callable[..., None]:
     def fire(*args: Any) -> None:
         for callback, hook in callbacks:
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import overrides
@@ -18,6 +19,7 @@ from trainer.fit.combined_loader import CombinedLoader
 from trainer.fit.module import TrainModule
 
 if TYPE_CHECKING:
+    from trainer.fit.datamodule import DataModule
     from trainer.fit.trainer import Trainer
 
 
@@ -31,6 +33,15 @@ class RunLoaders:
         self.stale = False  # a BatchSizeFinder changed the batch size in on_fit_start: build the loaders again
         self.val_limits: list[int | float] = []  # validation batches per loader of the running fit
         self.moves_batches = False  # the module or DataModule overrides a batch-transfer hook (trainer.fit.transfer)
+
+    def train_step_batches(self) -> Iterator[Any]:
+        """One pass over the prepared train loader, each batch as ``training_step`` gets it: a `CombinedLoader` yields
+        ``(batch, batch_idx, dataloader_idx)``, the step its combined batch only."""
+        if self.train is None:
+            raise RuntimeError("there is no training loader outside a fit: call this from a callback hook of a running fit")
+        if isinstance(self.train, CombinedLoader):
+            return (batch for batch, _, _ in self.train)
+        return iter(self.train)
 
     def build_fit(self, module: TrainModule, train_dataloaders: Any, val_dataloaders: Any, *, reload: bool = False) -> list[Any] | None:
         """Prepare the train loader (``self.train``) and return the validation loaders of a fit.
@@ -107,7 +118,7 @@ class RunLoaders:
             loader, device_placement=not self.moves_batches, even_batches=False, register=False, shard=self.trainer.args.use_distributed_sampler
         )
 
-    def prepare_data(self, module: TrainModule, datamodule: Any) -> None:
+    def prepare_data(self, module: TrainModule, datamodule: DataModule | None) -> None:
         """Lightning's ``prepare_data``: the datamodule's, then the module's (when it defines one), each on local rank 0
         of each machine, or on global rank 0 only where its ``prepare_data_per_node`` is False; the others wait."""
         own = overrides(module, "prepare_data", TrainModule)
@@ -125,7 +136,7 @@ class RunLoaders:
         if self.trainer.world_size > 1:
             self.trainer.accelerator.wait_for_everyone()  # the others wait for the data rank 0 of their machine prepared
 
-    def setup_datamodule(self, datamodule: Any, stage: str) -> None:
+    def setup_datamodule(self, datamodule: DataModule, stage: str) -> None:
         datamodule.trainer = self.trainer
         datamodule.setup(stage)
 
@@ -135,7 +146,7 @@ def one_or_list(limits: list[int | float]) -> int | float | list[int | float]:
     return limits[0] if len(limits) == 1 else (limits or 0)
 
 
-def one_data_source(datamodule: Any, *loaders: Any) -> None:
+def one_data_source(datamodule: DataModule | None, *loaders: Any) -> None:
     if datamodule is not None and any(loader is not None for loader in loaders):
         raise ValueError("pass either dataloaders or datamodule=, not both; the datamodule's *_dataloader() methods give the loaders")
     if datamodule is not None and not all(hasattr(datamodule, m) for m in ("setup", "train_dataloader", "prepare_data")):

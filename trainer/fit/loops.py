@@ -216,7 +216,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     step = getattr(module, f"{stage}_step")
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
-    strategy, wrapped = trainer.accelerator.strategy, trainer.model
+    strategy, wrapped = trainer.accelerator.strategy, trainer.model_setup.model
     through = strategy.sharded
     gathered: Any = contextlib.nullcontext()
     if through and trainer.world_size > 1:

@@ -24,6 +24,8 @@ from trainer.fit.module import LRSchedulerConfig
 from trainer.fit.search import run_training, state_kept
 
 if TYPE_CHECKING:
+    from callbacks.view import TrainerView
+    from trainer.fit.module import TrainModule
     from trainer.fit.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -141,12 +143,12 @@ class _LRCallback(Callback):
         self.best_loss = 0.0
         self.stopped = False  # with several processes the loop stops at the next agreement; later batches are not recorded
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: TrainerView, module: TrainModule, batch: Any, batch_idx: int) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches != 0 or self.stopped:
             return
         self.lrs.append(float(self.schedule.lr[0]))
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: TrainerView, module: TrainModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches != 0 or self.stopped:
             return
         loss = outputs if isinstance(outputs, torch.Tensor) or outputs is None else outputs.get("loss")
@@ -166,7 +168,7 @@ class _LRCallback(Callback):
         self.losses.append(smoothed)
 
 
-def lr_attr_name(module: Any, attr_name: str = "") -> str:
+def lr_attr_name(module: TrainModule, attr_name: str = "") -> str:
     """Where the module keeps its lr: `attr_name`, else ``lr`` or ``learning_rate``, on the module or in its hparams."""
     if attr_name:
         if not has_attr(module, attr_name):
@@ -184,14 +186,14 @@ def lr_attr_name(module: Any, attr_name: str = "") -> str:
     )
 
 
-def has_attr(module: Any, name: str) -> bool:
+def has_attr(module: TrainModule, name: str) -> bool:
     """Lightning's ``lightning_hasattr``: an attribute of the module, a key of its hparams, or of the datamodule."""
     hparams = getattr(module, "hparams", {})
     datamodule = getattr(getattr(module, "_trainer", None), "datamodule", None)
     return hasattr(module, name) or name in hparams or (datamodule is not None and hasattr(datamodule, name))
 
 
-def get_attr(module: Any, name: str) -> Any:
+def get_attr(module: TrainModule, name: str) -> Any:
     """Lightning's ``lightning_getattr`` (the module, its hparams, then the datamodule)."""
     if hasattr(module, name):
         return getattr(module, name)
@@ -204,7 +206,7 @@ def get_attr(module: Any, name: str) -> Any:
     raise AttributeError(f"{name!r} is neither an attribute of {type(module).__name__}, a key of its hparams, nor an attribute of the datamodule")
 
 
-def set_attr(module: Any, name: str, value: Any) -> None:
+def set_attr(module: TrainModule, name: str, value: Any) -> None:
     """Lightning's ``lightning_setattr``: set `name` everywhere it is found (module, hparams, datamodule)."""
     found = False
     if hasattr(module, name):
@@ -223,7 +225,7 @@ def set_attr(module: Any, name: str, value: Any) -> None:
 
 
 def lr_find(
-    trainer: Trainer, module: Any, *, min_lr: float, max_lr: float, num_training: int, mode: str,
+    trainer: Trainer, module: TrainModule, *, min_lr: float, max_lr: float, num_training: int, mode: str,
     early_stop_threshold: float | None, update_attr: bool, attr_name: str,
 ) -> LRFinder | None:
     """Run the range test inside `trainer`'s fit (from ``on_fit_start`` or a later hook) and put everything back.

@@ -76,7 +76,7 @@ class ModelSetup:
             recompile_with(module, self.compile_ctx)
         return prepared
 
-    def unwrap_compiled(self, module: Any) -> Any:
+    def unwrap_compiled(self, module: TrainModule) -> Any:
         """``torch.compile(module)`` is accepted as Lightning does: the `TrainModule` runs, its forward compiled after setup."""
         module, ctx = unwrap_compiled(module)
         if ctx is not None and self.trainer.args.compile is not None:

@@ -20,8 +20,16 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from types import FrameType
+
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from callbacks.base import Callback
     from callbacks.trackers.base import GeneralTracker
     from callbacks.view import ModuleTrainerView
+    from trainer.fit.batch import StepOptimizer
+    from trainer.fit.combined_loader import Loaders
 
 _INTERVALS = ("step", "epoch")
 _BACKWARD_ARGUMENTS = ("gradient", "retain_graph", "create_graph", "inputs")  # Tensor.backward's, in order
@@ -67,7 +75,7 @@ def _is_optimizer(obj: Any) -> bool:
     return isinstance(obj, torch.optim.Optimizer) or (hasattr(obj, "step") and hasattr(obj, "param_groups"))
 
 
-def _is_plateau(scheduler: Any) -> bool:
+def _is_plateau(scheduler: object) -> bool:
     return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
@@ -164,11 +172,11 @@ class ManualOptimizer:
     Every ``step()`` call advances ``trainer.global_step``, as in Lightning.
     """
 
-    def __init__(self, optimizer: Any, trainer: ModuleTrainerView) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, trainer: ModuleTrainerView) -> None:
         self.optimizer = optimizer
         self._trainer = trainer
 
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
         """Step the optimizer (loss scaling and skipped fp16 steps are handled by the Accelerator).
 
         Calls ``on_before_optimizer_step(optimizer)`` on the callbacks and the module first, as Lightning does;
@@ -254,7 +262,7 @@ class TrainModule(nn.Module):
         return param.device if param is not None else torch.device("cpu")
 
     @property
-    def device_mesh(self) -> Any:
+    def device_mesh(self) -> DeviceMesh | None:
         """The strategy's device mesh (Lightning's): ``ModelParallelStrategy``'s ``"data_parallel"`` × ``"tensor_parallel"``,
         or FSDP's named mesh; None outside a run or for a strategy without one. ``configure_model`` parallelizes with it."""
         return self._trainer.accelerator.strategy.device_mesh if self._trainer is not None else None
@@ -318,16 +326,16 @@ class TrainModule(nn.Module):
     def prepare_data(self) -> None:
         """Download or write data to disk: once per machine (local rank 0, the others wait), before ``setup``."""
 
-    def train_dataloader(self) -> Any:
+    def train_dataloader(self) -> Loaders | None:
         return None
 
-    def val_dataloader(self) -> Any:
+    def val_dataloader(self) -> Loaders | None:
         return None
 
-    def test_dataloader(self) -> Any:
+    def test_dataloader(self) -> Loaders | None:
         return None
 
-    def predict_dataloader(self) -> Any:
+    def predict_dataloader(self) -> Loaders | None:
         return None
 
     def configure_model(self) -> None:
@@ -348,13 +356,14 @@ class TrainModule(nn.Module):
             f"{type(self).__name__} must implement configure_optimizers(), e.g. return torch.optim.AdamW(self.parameters(), lr=1e-3)"
         )
 
-    def configure_callbacks(self) -> Sequence[Any] | Any:
+    def configure_callbacks(self) -> Sequence[Callback] | Callback:
         """Callbacks this module brings (Lightning's hook): called when ``fit``/``validate``/``test``/``predict`` starts,
         before ``setup``. One of a class the Trainer already holds (or a subclass of it) replaces the Trainer's;
         checkpointing callbacks run last, as ever."""
         return []
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Callable[[], Any] | None = None) -> None:
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: StepOptimizer,
+                       optimizer_closure: Callable[[], torch.Tensor | None] | None = None) -> None:
         """Step `optimizer` at the end of each accumulation window (automatic optimization; Lightning's hook).
 
         `optimizer_closure` runs ``training_step``, ``zero_grad`` (on a window's first batch) and backward: hand it to
@@ -372,7 +381,7 @@ class TrainModule(nn.Module):
         """
         optimizer.step(closure=optimizer_closure)
 
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
         """Zero the gradients, on the first batch of each accumulation window after ``training_step`` (automatic
         optimization). Override it to change how (Lightning's hook)::
 
@@ -390,7 +399,7 @@ class TrainModule(nn.Module):
         default clips with them (`clip_gradients`); an override may clip differently, e.g. per parameter group."""
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
-    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+    def lr_scheduler_step(self, scheduler: Any, metric: float | None) -> None:
         """Step one scheduler (override for schedulers with another ``step`` signature)."""
         if metric is None:
             scheduler.step()
@@ -406,10 +415,10 @@ class TrainModule(nn.Module):
         logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        reduce_fx: Any = "mean",
+        reduce_fx: str | Callable[..., object] = "mean",
         enable_graph: bool = False,
         sync_dist: bool = False,
-        sync_dist_group: Any = None,
+        sync_dist_group: ProcessGroup | None = None,
         add_dataloader_idx: bool = True,
         batch_size: int | None = None,
         metric_attribute: str | None = None,
@@ -450,10 +459,10 @@ class TrainModule(nn.Module):
         logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        reduce_fx: Any = "mean",
+        reduce_fx: str | Callable[..., object] = "mean",
         enable_graph: bool = False,
         sync_dist: bool = False,
-        sync_dist_group: Any = None,
+        sync_dist_group: ProcessGroup | None = None,
         add_dataloader_idx: bool = True,
         batch_size: int | None = None,
         rank_zero_only: bool = False,
@@ -468,7 +477,7 @@ class TrainModule(nn.Module):
         if self._trainer is None or self._trainer.is_global_zero:
             print(*args, **kwargs)
 
-    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+    def all_gather(self, data: Any, group: ProcessGroup | None = None, sync_grads: bool = False) -> Any:
         """Gather tensors from every process, stacked along a new dim 0 (unchanged in one process).
 
         `group` and `sync_grads` are Lightning's: only the default group (None) is offered, and ``sync_grads=True``
@@ -491,13 +500,15 @@ class TrainModule(nn.Module):
         return apply_to_tensors(lambda t: trainer.accelerator.gather(t.unsqueeze(0)), data)
 
     # optimizers
-    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+    def optimizers(self, use_pl_optimizer: bool = True) -> torch.optim.Optimizer | ManualOptimizer | list[torch.optim.Optimizer] | list[ManualOptimizer]:
         """The prepared optimizer (or a list, when there are several); in manual optimization each wrapped so that
         ``opt.step()`` runs the step hooks and counts `global_step` (``use_pl_optimizer=False``: the prepared optimizers
         themselves, as Lightning)."""
         trainer = self.trainer
-        wrap = use_pl_optimizer and not self.automatic_optimization
-        opts = [ManualOptimizer(o, trainer) for o in trainer.optimizers] if wrap else trainer.optimizers
+        if use_pl_optimizer and not self.automatic_optimization:
+            wrapped = [ManualOptimizer(o, trainer) for o in trainer.optimizers]
+            return wrapped[0] if len(wrapped) == 1 else wrapped
+        opts = trainer.optimizers
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -588,7 +599,7 @@ class TrainModule(nn.Module):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
     def on_before_backward(self, loss: torch.Tensor) -> None: ...
     def on_after_backward(self) -> None: ...
-    def on_before_optimizer_step(self, optimizer: Any) -> None: ...
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer | ManualOptimizer) -> None: ...
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_train_epoch_end(self) -> None: ...
@@ -655,7 +666,7 @@ class TrainModule(nn.Module):
         return batch
 
     # hyperparameters and checkpoints
-    def save_hyperparameters(self, *names: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
+    def save_hyperparameters(self, *names: Any, ignore: Sequence[str] | str | None = None, frame: FrameType | None = None,
                              logger: bool = True) -> None:
         """Store the arguments of the calling ``__init__`` in ``self.hparams`` (and in checkpoints).
 
@@ -682,7 +693,7 @@ class TrainModule(nn.Module):
             frame = inspect.currentframe()
             frame = frame.f_back if frame is not None else None
 
-        def own_init(f: Any) -> bool:
+        def own_init(f: FrameType) -> bool:
             return f.f_code.co_name == "__init__" and f.f_locals.get("self") is self
 
         while frame is not None and not own_init(frame):  # Lightning's walk: up to this object's first __init__ ...
@@ -721,7 +732,7 @@ class TrainModule(nn.Module):
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str | os.PathLike[str], map_location: Any = None, hparams_file: str | os.PathLike[str] | None = None,
+        cls, checkpoint_path: str | os.PathLike[str], map_location: str | int | torch.device | None = None, hparams_file: str | os.PathLike[str] | None = None,
         strict: bool | None = None, weights_only: bool | None = None, **overrides: Any
     ) -> TrainModule:
         """Rebuild a module from a checkpoint directory: its saved hyperparameters, then its weights.

@@ -38,7 +38,7 @@ class AsyncCheckpointIO:
         return "AsyncCheckpointIO()"
 
 
-def check_plugins(plugins: Any, precision: Any = None) -> tuple[Any, bool]:
+def check_plugins(plugins: Any, precision: str | int | None = None) -> tuple[str | int | None, bool]:
     """Check ``Trainer(plugins=...)`` beside ``Trainer(precision=...)``; return the precision to use (`precision`, or
     the mode of a precision plugin: ``MixedPrecision("bf16-mixed", "cpu")`` is ``precision="bf16-mixed"``) and whether
     checkpoints are saved in the background. As in Lightning, a precision plugin and `precision` together, or two

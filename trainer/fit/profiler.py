@@ -23,10 +23,15 @@ import pstats
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
 from trainer.fit.dispatch import HookDispatcher
+
+if TYPE_CHECKING:
+    from callbacks.view import TrainerView
+    from trainer.fit.module import TrainModule
+    from trainer.fit.trainer import Trainer
 
 _OFF = contextlib.nullcontext()
 
@@ -225,7 +230,7 @@ class AdvancedProfiler(Profiler):
         self.profiled_actions = {}
 
 
-def profile(trainer: Any, action: str) -> Any:
+def profile(trainer: Trainer, action: str) -> Any:
     """A context timing `action` when ``trainer.profiler`` is on; a shared no-op context otherwise."""
     profiler = trainer.profiler
     return _OFF if profiler is None else profiler.time(action)
@@ -235,7 +240,8 @@ class ProfiledDispatcher(HookDispatcher):
     """A `HookDispatcher` that times each hook it calls, named as Lightning's profiler names them
     (``[Callback]ModelCheckpoint.on_validation_end``, ``[LightningModule]Model.on_train_epoch_end``)."""
 
-    def __init__(self, module: Any, module_base: type, callbacks: Sequence[Callback], owner: Any, profiler: Profiler) -> None:
+    def __init__(self, module: TrainModule | None, module_base: type, callbacks: Sequence[Callback], owner: TrainerView,
+                 profiler: Profiler) -> None:
         super().__init__(module, module_base, callbacks, owner)
         name = type(module).__name__
         self._module_hooks = {event: timed(profiler, f"[LightningModule]{name}.{event}", hook) for event, hook in self._module_hooks.items()}

@@ -34,6 +34,7 @@ from trainer.fit.progress import LoopProgress
 
 if TYPE_CHECKING:
     from trainer.fit.module import LRSchedulerConfig
+    from trainer.fit.trainer import Trainer
 
 T = TypeVar("T")
 
@@ -175,14 +176,14 @@ class RunStateValue(Generic[T]):
     def __get__(self, trainer: None, owner: type) -> Self: ...
 
     @overload
-    def __get__(self, trainer: object, owner: type) -> T: ...
+    def __get__(self, trainer: Trainer, owner: type) -> T: ...
 
-    def __get__(self, trainer: Any, owner: type) -> Any:
+    def __get__(self, trainer: Trainer | None, owner: type) -> Any:
         if trainer is None:
             return self
         return getattr(trainer.run_state, self.name)
 
-    def __set__(self, trainer: Any, value: NoReturn) -> None:
+    def __set__(self, trainer: Trainer, value: NoReturn) -> None:
         raise AttributeError(f"trainer.{self.name} is read-only: it is the run state's (trainer.run_state.{self.name}), kept by the loop")
 
 
@@ -190,5 +191,5 @@ class RunStateField(RunStateValue[T]):
     """A `Trainer` attribute that is the field (or settable property) of the same name of ``trainer.run_state``:
     ``trainer.max_steps = 5`` and ``trainer.should_stop = True`` set the run state's."""
 
-    def __set__(self, trainer: Any, value: T) -> None:
+    def __set__(self, trainer: Trainer, value: T) -> None:
         setattr(trainer.run_state, self.name, value)

@@ -17,10 +17,10 @@ import dataclasses
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 
@@ -57,11 +57,22 @@ from trainer.fit.transfer import moves_batches_itself
 if TYPE_CHECKING:
     from datetime import timedelta
 
+    from callbacks.batch_size_finder import BatchSizeFinder
     from callbacks.checkpoint import ModelCheckpoint
+    from callbacks.lr_finder import LearningRateFinder
+    from callbacks.trackers.base import GeneralTracker
+    from callbacks.trackers.registry import LogWith
     from callbacks.view import ModuleTrainerView
     from strategies.base import Strategy
+    from strategies.checkpoint_store import PendingSave
+    from strategies.precision import Precision
     from trainer.accelerator.accelerator import Accelerator
+    from trainer.accelerator.config import TorchDynamoPlugin
+    from trainer.fit.combined_loader import CombinedLoader, Loaders
+    from trainer.fit.datamodule import DataModule
+    from trainer.fit.lr_finder import LRFinder
     from trainer.fit.module import ManualOptimizer
+    from trainer.fit.plugins import AsyncCheckpointIO
 
 
 class Trainer:
@@ -158,7 +169,7 @@ class Trainer:
     def __init__(
         self,
         *,
-        strategy: str | Any = "auto",
+        strategy: str | Strategy = "auto",
         devices: int | str = "auto",
         precision: str | int | None = None,
         max_epochs: int | None = None,
@@ -167,7 +178,7 @@ class Trainer:
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str = "norm",
         callbacks: Sequence[Callback] | Callback | None = None,
-        log_with: Any = "csv",
+        log_with: LogWith = "csv",
         project_dir: str | os.PathLike[str] = ".",
         val_check_interval: int | float | None = None,
         check_val_every_n_epoch: int = 1,
@@ -185,7 +196,7 @@ class Trainer:
         process_group_timeout: float | None = None,
         accelerator: str = "auto",
         default_root_dir: str | os.PathLike[str] | None = None,
-        logger: Any = None,
+        logger: bool | GeneralTracker | Iterable[GeneralTracker] | None = None,
         fast_dev_run: bool | int = False,
         on_nonfinite: str | None = None,
         num_nodes: int = 1,
@@ -197,13 +208,13 @@ class Trainer:
         detect_anomaly: bool = False,
         benchmark: bool | None = None,
         profiler: str | Profiler | None = None,
-        compile: Any = None,
+        compile: bool | TorchDynamoPlugin | dict[str, Any] | None = None,
         stop_check_interval: int | float = 1.0,
         min_epochs: int | None = None,
         min_steps: int | None = None,
         max_time: str | timedelta | dict[str, int] | None = None,
         barebones: bool = False,
-        plugins: Any = None,
+        plugins: AsyncCheckpointIO | Precision | list[AsyncCheckpointIO | Precision] | tuple[AsyncCheckpointIO | Precision, ...] | None = None,
         enable_autolog_hparams: bool = True,
         model_registry: str | None = None,
     ) -> None:
@@ -222,7 +233,7 @@ class Trainer:
         self.lightning_module: TrainModule | None = None
         self.model_setup = ModelSetup(self)  # the module as the strategy set it up, its optimizers
         self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
-        self.datamodule: Any = None  # the DataModule of the running fit/validate/test/predict
+        self.datamodule: DataModule | None = None  # the DataModule of the running fit/validate/test/predict
         self.profiler: Profiler | None = build_profiler(args.profiler)
         if args.benchmark is not None:
             torch.backends.cudnn.benchmark = args.benchmark
@@ -259,7 +270,7 @@ class Trainer:
     # Lightning's attributes of the run, views onto `run_state` (`RunState` documents each); the settable ones set it
     stage, training, sanity_checking = RunStateField[str | None](), RunStateField[bool](), RunStateField[bool]()
     max_epochs, max_steps = RunStateField[int | None](), RunStateField[int | None]()
-    optimizers, lr_scheduler_configs = RunStateField[list[Any]](), RunStateField[list[LRSchedulerConfig]]()
+    optimizers, lr_scheduler_configs = RunStateField[list[torch.optim.Optimizer]](), RunStateField[list[LRSchedulerConfig]]()
     current_epoch, global_step, logging_step = RunStateValue[int](), RunStateValue[int](), RunStateValue[int]()  # read-only
     loss_health = RunStateValue[LossHealth]()  # non-finite losses warned about once, skipped batches counted (per fit)
     should_stop = RunStateField[bool]()
@@ -293,9 +304,10 @@ class Trainer:
         return self.lightning_module
 
     @property
-    def model(self) -> Any:
-        """The module as the strategy wrapped it (DDP, FSDP, DeepSpeed's engine) in the running or last run; Lightning's."""
-        return self.model_setup.model
+    def model(self) -> torch.nn.Module | None:
+        """The module as the strategy wrapped it (DDP, FSDP, DeepSpeed's engine) in the running or last run, else None; Lightning's."""
+        model: torch.nn.Module | None = self.model_setup.model
+        return model
 
     @property
     def accelerator(self) -> Accelerator:
@@ -379,14 +391,14 @@ class Trainer:
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
     @property
-    def loggers(self) -> list[Any]:
+    def loggers(self) -> list[GeneralTracker]:
         """The trackers among the callbacks (Lightning's ``trainer.loggers``: ``CSVLogger``, ``TensorBoardLogger``, ...)."""
         from callbacks.trackers import GeneralTracker  # lazy: `from trainer import Trainer` loads no tracker module
 
         return [cb for cb in self.callbacks if isinstance(cb, GeneralTracker)]
 
     @property
-    def logger(self) -> Any:
+    def logger(self) -> GeneralTracker | None:
         """The first tracker (Lightning's ``trainer.logger``), or None without trackers."""
         loggers = self.loggers
         return loggers[0] if loggers else None
@@ -401,9 +413,14 @@ class Trainer:
         return str(Path(self.project_dir) / "logs")
 
     @property
-    def train_dataloader(self) -> Any:
+    def train_dataloader(self) -> torch.utils.data.DataLoader | CombinedLoader | None:
         """The training loader of the running ``fit`` (prepared: sharded, on the device), None outside one; Lightning's."""
-        return self.loaders.train
+        loader: torch.utils.data.DataLoader | CombinedLoader | None = self.loaders.train
+        return loader
+
+    def train_step_batches(self) -> Iterator[Any]:
+        """One pass over the training loader of the running ``fit``, each batch as ``training_step`` gets it."""
+        return self.loaders.train_step_batches()
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -426,8 +443,8 @@ class Trainer:
             print(*args, **kwargs)
 
     def save_checkpoint(
-        self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: Any = None, *, async_save: bool | None = None,
-    ) -> Any:
+        self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: None = None, *, async_save: bool | None = None,
+    ) -> Path | PendingSave:
         """Write a complete checkpoint directory, atomically. Every process must call it.
 
         ``weights_only=True`` (Lightning's) writes the model weights and hyperparameters alone: they load with
@@ -483,8 +500,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ entry points
     def fit(
-        self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
-        ckpt_path: str | None = None, weights_only: bool | None = None,
+        self, model: TrainModule, train_dataloaders: Loaders | None = None, val_dataloaders: Loaders | None = None,
+        datamodule: DataModule | None = None, ckpt_path: str | None = None, weights_only: bool | None = None,
     ) -> None:
         """Train `model` (a `TrainModule`), validating as configured; resume from `ckpt_path` ("last", "best" or a directory).
 
@@ -511,8 +528,8 @@ class Trainer:
             self.profiler.describe()
 
     def validate(
-        self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
-        datamodule: Any = None, weights_only: bool | None = None,
+        self, model: TrainModule | None = None, dataloaders: Loaders | None = None, ckpt_path: str | None = None, verbose: bool = True,
+        datamodule: DataModule | None = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run one validation epoch; returns ``[{metric: value}]`` of the epoch-level metrics (`verbose`: also printed
         as a table, on the main process, as Lightning's)."""
@@ -524,8 +541,8 @@ class Trainer:
         return results
 
     def test(
-        self, model: TrainModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None, verbose: bool = True,
-        datamodule: Any = None, weights_only: bool | None = None,
+        self, model: TrainModule | None = None, dataloaders: Loaders | None = None, ckpt_path: str | None = None, verbose: bool = True,
+        datamodule: DataModule | None = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run one test epoch; returns ``[{metric: value}]`` of the epoch-level metrics (`verbose`: also printed as a
         table, on the main process, as Lightning's)."""
@@ -537,7 +554,7 @@ class Trainer:
         return results
 
     def predict(
-        self, model: TrainModule | None = None, dataloaders: Any = None, datamodule: Any = None,
+        self, model: TrainModule | None = None, dataloaders: Loaders | None = None, datamodule: DataModule | None = None,
         return_predictions: bool | None = None, ckpt_path: str | None = None, weights_only: bool | None = None,
     ) -> list[Any] | None:
         """Return ``predict_step``'s output for every batch, in dataset order, each sample once (all processes).
@@ -587,7 +604,7 @@ class Trainer:
         self._dispatch.call("on_train_end")
         self._dispatch.call("on_fit_end")
 
-    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[None]:
         """Build the model inside this block, where the strategy wants it (Lightning's ``Trainer.init_module``).
 
         Single device and DDP: on the device, in the dtype of a ``-true`` precision. FSDP2: on the meta device, so the
@@ -600,7 +617,7 @@ class Trainer:
                 f"trainer.init_module() needs the {self._args.devices} processes this Trainer asks for, which start at fit(); "
                 "start the script with `trainer launch` or torchrun, or build the model in TrainModule.configure_model()"
             )
-        context: AbstractContextManager[Any] = self.accelerator.strategy.module_init_context(empty_init)
+        context: AbstractContextManager[None] = self.accelerator.strategy.module_init_context(empty_init)
         return context
 
     def _restore(self, ckpt_path: str | None) -> None:
@@ -623,20 +640,20 @@ class Trainer:
         elif self.model_setup.prepared_for != id(module):
             self.model_setup.model, self.model_setup.prepared_for = self.model_setup.prepare(module), id(module)
         if ckpt_path is not None:
-            self._load_weights(ckpt_path)
+            self._load_weights(module, ckpt_path)
         return loops.eval_loop(self, stage, loaders, limits, keep_predictions=keep_predictions)
 
-    def _load_weights(self, ckpt_path: str | os.PathLike[str]) -> None:
+    def _load_weights(self, module: TrainModule, ckpt_path: str | os.PathLike[str]) -> None:
         """Load only the module weights of a checkpoint ("best", "last" or a directory) for evaluation."""
         path = resolve_ckpt_path(self, ckpt_path)
         if path is None:
             raise ValueError(f"ckpt_path={ckpt_path!r} found no checkpoint; fit first or pass a checkpoint directory")
         verify_checkpoint(path)
         strategy = self.accelerator.strategy
-        load_weights(Path(path), self.lightning_module, device=strategy.device, load_full=strategy.load_module_state_dict)
+        load_weights(Path(path), module, device=strategy.device, load_full=strategy.load_module_state_dict)
 
     # ------------------------------------------------------------------------------------ run plumbing
-    def _run(self, stage: str, module: TrainModule | None, body: Any, datamodule: Any = None) -> Any:
+    def _run(self, stage: str, module: TrainModule | None, body: Any, datamodule: DataModule | None = None) -> Any:
         if self._accelerator is None:
             raise RuntimeError(
                 f"trainer.{stage}() cannot start the {self._args.devices} processes this Trainer asks for; call trainer.fit() "
@@ -667,7 +684,7 @@ class Trainer:
             # process waits below (for its background save, whose peers may be gone) ends it, as without a Trainer
             self.agreement.signals.restore()
             self._dispatch.call_callbacks("on_exception", err)
-            if callable(getattr(datamodule, "on_exception", None)):  # Lightning's order: the callbacks, then the datamodule
+            if datamodule is not None and callable(getattr(datamodule, "on_exception", None)):  # Lightning's order: the callbacks, then the datamodule
                 datamodule.on_exception(err)
             self._finish_background_save(err)
             self._teardown(setup_stage)
@@ -721,7 +738,11 @@ class Trainer:
         else:
             self._dispatch = HookDispatcher(module, TrainModule, self.callbacks, self)
 
-    def run_tuner(self, finder: Callback, module: TrainModule) -> Any:
+    @overload
+    def run_tuner(self, finder: LearningRateFinder, module: TrainModule) -> LRFinder | None: ...
+    @overload
+    def run_tuner(self, finder: BatchSizeFinder, module: TrainModule) -> int | None: ...
+    def run_tuner(self, finder: LearningRateFinder | BatchSizeFinder, module: TrainModule) -> LRFinder | int | None:
         """Run the search of a `LearningRateFinder` or `BatchSizeFinder` (called from its hook) on this run's loops,
         putting the run back as it was afterwards; returns what it found (see `trainer.fit.search`)."""
         return run_finder(self, finder, module)

@@ -19,6 +19,7 @@ from trainer.fit.trainer import Trainer
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
+    from trainer.fit.datamodule import DataModule
     from trainer.fit.lr_finder import LRFinder
 
 METHODS = ("fit", "validate", "test", "predict")
@@ -34,7 +35,7 @@ class Tuner:
 
     def lr_find(
         self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
-        datamodule: Any = None, method: str = "fit", min_lr: float = 1e-8, max_lr: float = 1, num_training: int = 100,
+        datamodule: DataModule | None = None, method: str = "fit", min_lr: float = 1e-8, max_lr: float = 1, num_training: int = 100,
         mode: str = "exponential", early_stop_threshold: float | None = 4.0, update_attr: bool = True, attr_name: str = "",
     ) -> LRFinder | None:
         """The learning-rate range test (Lightning 2.6's): `num_training` steps from `min_lr` to `max_lr`, stopped
@@ -57,7 +58,7 @@ class Tuner:
 
     def scale_batch_size(
         self, model: TrainModule, train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
-        datamodule: Any = None, method: str = "fit", mode: str = "power", steps_per_trial: int = 3, init_val: int = 2,
+        datamodule: DataModule | None = None, method: str = "fit", mode: str = "power", steps_per_trial: int = 3, init_val: int = 2,
         max_trials: int = 25, batch_arg_name: str = "batch_size", margin: float = 0.05, max_val: int = 8192,
     ) -> int | None:
         """The largest batch size that runs without running out of memory (Lightning 2.6's search): ``"power"``
@@ -77,7 +78,7 @@ class Tuner:
         self._run(finder, model, method, train_dataloaders, val_dataloaders, dataloaders, datamodule)
         return finder.optimal_batch_size
 
-    def _run(self, finder: Callback, model: TrainModule, method: str, train: Any, val: Any, loaders: Any, datamodule: Any) -> None:
+    def _run(self, finder: Callback, model: TrainModule, method: str, train: Any, val: Any, loaders: Any, datamodule: DataModule | None) -> None:
         trainer = self._trainer
         trainer.callbacks = [finder, *trainer.callbacks]
         try:

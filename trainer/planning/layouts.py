@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,6 +29,9 @@ from strategies.fsdp import apply_fsdp
 from strategies.precision import DeepSpeedPrecision, FSDPPrecision, Precision
 from trainer.planning.models import make_batch
 from trainer.planning.trace import Tally, fake_mesh, fake_parameters, prime_optimizer, tracked_iteration
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 PRECISIONS = {"32-true": "no", "bf16-mixed": "bf16", "bf16-true": "bf16-true"}  # ours -> the strategies' modes
@@ -78,7 +82,7 @@ def module_dtype(precision: Precision) -> torch.dtype | None:
     return precision.parameter_dtype
 
 
-def prepare(model: nn.Module, blocks: Blocks, setup: Setup, mesh: object) -> nn.Module:
+def prepare(model: nn.Module, blocks: Blocks, setup: Setup, mesh: DeviceMesh | None) -> nn.Module:
     """`model` (on fake tensors, already in `module_dtype`) as the strategy sets it up: checkpointed blocks, shards,
     precision wrapper."""
     precision = precision_for(setup)

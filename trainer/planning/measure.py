@@ -12,7 +12,7 @@ tracker is entered before the engine is built and follows every allocation of th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,6 +23,9 @@ from strategies.blocks import find_blocks
 from trainer.planning.layouts import PRECISIONS, Setup, build_optimizer
 from trainer.planning.models import compute_loss, make_batch
 from trainer.planning.trace import Tally, iterate, memory_tracker, tracked_iteration
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 
 def _strategy(setup: Setup, block_classes: tuple[type[nn.Module], ...], cpu: bool) -> Strategy:
@@ -118,7 +121,7 @@ def measure_zero(model: nn.Module, setup: Setup) -> Tally:
         return iterate(tracker, lambda: compute_loss(engine, batch), engine.backward, step)
 
 
-def _name_zero_state(tracker: Any, engine: Any) -> None:
+def _name_zero_state(tracker: MemTracker, engine: Any) -> None:
     """Name what a ZeRO engine holds in the tracker's categories: parameters, and optimizer state (see `measure_zero`)."""
     from torch.distributed._tools.mem_tracker import _MemRefType
 

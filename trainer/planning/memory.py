@@ -15,13 +15,16 @@ linear in the block count), so a 70B model estimates in seconds.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategies.blocks import find_blocks
 from trainer.planning.layouts import DEVICES, OPTIMIZERS, PRECISIONS, STRATEGIES, Setup, trace
 from trainer.planning.models import ModelSource, is_language_model, keep_blocks, load_meta_model, meta_copy
 from trainer.planning.trace import CATEGORIES, Tally
 from trainer.planning.zero import zero_layout
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _TRACED_BLOCKS = (4, 5)  # models with more blocks are traced with these many and extrapolated
 
@@ -177,7 +180,7 @@ def _shape(seq_len: Any, input_shape: Any) -> tuple[int, ...]:
     return tuple(_positive("input_shape entry", n) for n in input_shape)
 
 
-def check_setup(*, strategy: Any, num_processes: Any, precision: Any, optimizer: Any, activation_checkpointing: Any,
+def check_setup(*, strategy: str, num_processes: Any, precision: str, optimizer: str, activation_checkpointing: Any,
                 batch_size: Any, device: Any, shape: tuple[int, ...]) -> Setup:
     """A `Setup` from checked arguments, or an error naming the bad value and the choices."""
     strategy = _choice("strategy", strategy, STRATEGIES)
@@ -197,7 +200,7 @@ def check_setup(*, strategy: Any, num_processes: Any, precision: Any, optimizer:
                  device=_choice("device", device, DEVICES))
 
 
-def _check_shape_fits(model: Any, setup: Setup) -> None:
+def _check_shape_fits(model: nn.Module, setup: Setup) -> None:
     language = is_language_model(model)
     if language and len(setup.shape) != 1:
         raise ValueError(f"{type(model).__name__} is a language model: pass seq_len (tokens per sample), not input_shape={setup.shape}")

@@ -19,13 +19,17 @@ import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from strategies.mesh import ParallelDims
 from trainer.planning.models import compute_loss
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import DeviceMesh
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 
@@ -127,9 +131,9 @@ def memory_tracker() -> Any:
     return global_peak_only(MemTracker())
 
 
-def global_peak_only(tracker: Any) -> Any:
+def global_peak_only(tracker: MemTracker) -> Any:
     """`tracker` without its per-module peaks (unused here; they walk every module at every op)."""
-    tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)
+    tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)  # type: ignore[method-assign]
     return tracker
 
 
@@ -152,7 +156,7 @@ def tracked_iteration(
         return iterate(tracker, lambda: loss_fn(model, batch), torch.Tensor.backward, step)
 
 
-def iterate(tracker: Any, forward: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], Any],
+def iterate(tracker: MemTracker, forward: Callable[[], torch.Tensor], backward: Callable[[torch.Tensor], Any],
             step: Callable[[], Any]) -> Tally:
     """One iteration inside an entered `tracker` (its peak restarted first): ``loss = forward()``, ``backward(loss)``,
     ``step()``; each phase's peak, and what is held after each phase (see `Tally`)."""
@@ -177,7 +181,7 @@ def iterate(tracker: Any, forward: Callable[[], torch.Tensor], backward: Callabl
     )
 
 
-def _update_global_peak(tracker: Any, _state: Any) -> None:
+def _update_global_peak(tracker: MemTracker, _state: Any) -> None:
     """The trackers' peak update without their per-module peaks."""
     for dev, snap in tracker._curr_mem_snap.items():
         if tracker._peak_mem.get(dev, 0) < snap["Total"]:
@@ -185,7 +189,7 @@ def _update_global_peak(tracker: Any, _state: Any) -> None:
             tracker._peak_mem_snap[dev] = dict(snap)
 
 
-def _phase_peak(tracker: Any) -> dict[str, int]:
+def _phase_peak(tracker: MemTracker) -> dict[str, int]:
     """The categories at the tracker's peak since the last call, then the peak restarted from the current memory
     (the trackers keep one peak per device, in ``_peak_mem`` / ``_peak_mem_snap``)."""
     peak = _ours(tracker.get_tracker_snapshot("peak"))
@@ -223,7 +227,7 @@ def fake_parameters(model: nn.Module, device: torch.device, dtype: torch.dtype |
 
 
 @contextmanager
-def fake_mesh(num_processes: int) -> Iterator[Any]:
+def fake_mesh(num_processes: int) -> Iterator[DeviceMesh]:
     """A 1-D CPU `DeviceMesh` over a fake process group of `num_processes` (collectives do nothing), torn down after."""
     import torch.distributed as dist
 
