@@ -53,6 +53,8 @@ class Strategy:
     # where a checkpoint's optimizer states are read to (None: this strategy's device); `optimizer.load_state_dict` then
     # moves them next to their parameters. XLA reads to "cpu": torch.load cannot restore a storage onto an XLA device
     load_location: str | None = None
+    # the process-group timeout in seconds of a strategy of several processes (None: one process, or the backend's)
+    timeout: float | None = None
 
     def __init__(self, *, cluster: ClusterEnvironment, device: torch.device, precision: str = "no") -> None:
         self.cluster = cluster

@@ -26,6 +26,7 @@ training's collectives.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -417,7 +418,8 @@ class CheckpointStore:
                     f"async_save=True needs torch.distributed for its background commit; strategy {self.strategy.name!r} "
                     "runs its processes without it. Save synchronously (async_save=False)"
                 )
-            self._group = dist.new_group(backend="gloo")
+            timeout = self.strategy.timeout  # the run's (a new group gets the backend's default: 30 minutes for gloo)
+            self._group = dist.new_group(backend="gloo", timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
         return self._group
 
     def close(self) -> None:

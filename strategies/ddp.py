@@ -64,7 +64,7 @@ class DDPStrategy(Strategy):
         device = best_device(cpu=cpu, local_rank=cluster.local_rank)
         super().__init__(cluster=cluster, device=device, precision=precision)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-        self.timeout = process_group_timeout(timeout)
+        self.timeout: float = process_group_timeout(timeout)
         self.ddp_kwargs: dict[str, Any] = {
             "find_unused_parameters": find_unused_parameters,
             "static_graph": static_graph,

@@ -227,7 +227,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         self.export_weights = export_weights
         self.sharded = self.zero_stage == 3  # forward gathers parameters (a collective)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-        self.timeout = process_group_timeout(timeout)
+        self.timeout: float = process_group_timeout(timeout)
         self.engine: Any = None
         self._masters = False
         self._owns_group = False

@@ -220,7 +220,7 @@ class FSDPStrategy(Strategy, Float8AllGather):
         device = best_device(cpu=cpu, local_rank=cluster.local_rank)
         super().__init__(cluster=cluster, device=device, precision=precision)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-        self.timeout = process_group_timeout(timeout)
+        self.timeout: float = process_group_timeout(timeout)
         self.wrap_classes = wrap_classes
         self.min_num_params = min_num_params
         self.reshard_after_forward = bool(reshard_after_forward)
@@ -247,7 +247,7 @@ class FSDPStrategy(Strategy, Float8AllGather):
 
     def setup_environment(self) -> None:
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
-        self.device_mesh = self.dims.build_mesh(self.device.type)
+        self.device_mesh = self.dims.build_mesh(self.device.type, timeout=self.timeout)
         self.mesh = self.dims.fsdp_mesh(self.device_mesh)
         if self.dims.tp_enabled:
             self.data_parallel_group = self.dims.data_parallel_mesh(self.device_mesh).get_group()

@@ -95,7 +95,7 @@ class ParallelDims:
         """More than the one data-parallel dimension plain FSDP has."""
         return self.dp_replicate > 1 or self.tp > 1
 
-    def build_mesh(self, device_type: str, *, lightning_names: bool = False) -> DeviceMesh:
+    def build_mesh(self, device_type: str, *, lightning_names: bool = False, timeout: float | None = None) -> DeviceMesh:
         """The processes' `DeviceMesh` (every process calls it, in step); the one place a mesh is built.
 
         * plain FSDP (``dp_shard`` only): one unnamed dimension over every process, the mesh ``fully_shard`` makes
@@ -103,17 +103,26 @@ class ParallelDims:
         * otherwise ``("dp_replicate", "dp_shard", "tp")`` plus the flattened ``"dp"``;
         * ``lightning_names``: Lightning's ``ModelParallelStrategy`` mesh, ``("data_parallel", "tensor_parallel")``
           (``dp_shard × tp``), the names a Lightning module's ``configure_model`` indexes.
+
+        `timeout`: the run's process-group timeout in seconds, given to every group the mesh makes (torch would give
+        them the backend's default, 30 minutes for gloo).
         """
         from torch.distributed.device_mesh import init_device_mesh
+
+        from strategies.process_group import give_timeout  # lazy: it imports torch.distributed, which planning code need not
 
         if lightning_names:
             if self.dp_replicate != 1:
                 raise ValueError(f"Lightning's two-dimensional mesh has no replicate dimension, got {self}")
-            return init_device_mesh(device_type, (self.dp_shard, self.tp), mesh_dim_names=LIGHTNING_DIMS)
-        if not self.n_d:
-            return init_device_mesh(device_type, (self.world_size,))
-        mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
-        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+            mesh = init_device_mesh(device_type, (self.dp_shard, self.tp), mesh_dim_names=LIGHTNING_DIMS)
+        elif not self.n_d:
+            mesh = init_device_mesh(device_type, (self.world_size,))
+        else:
+            mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
+            mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        if timeout is not None:
+            flattened = [mesh["dp"].get_group()] if self.n_d and not lightning_names else []
+            give_timeout([*(mesh.get_group(dim) for dim in range(mesh.ndim)), *flattened], timeout)
         return mesh
 
     def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:

@@ -86,7 +86,7 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def setup_environment(self) -> None:
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
-        self.device_mesh = self.dims.build_mesh(self.device.type, lightning_names=True)
+        self.device_mesh = self.dims.build_mesh(self.device.type, lightning_names=True, timeout=self.timeout)
         self.mesh = self.dims.fsdp_mesh(self.device_mesh)
         self.data_parallel_group = self.dims.data_parallel_mesh(self.device_mesh).get_group()
 

@@ -15,13 +15,26 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from strategies.environment import ClusterEnvironment
+
+
+def give_timeout(groups: Iterable[Any], timeout: float) -> None:
+    """Give each of `groups` the run's process-group timeout of `timeout` seconds.
+
+    Torch makes every group after the default one (a `DeviceMesh`'s dimensions, a second gloo group) with its
+    backend's default timeout, 30 minutes for gloo and 10 for NCCL, whatever the default group's: a rank hung before
+    a collective on such a group would hold the others that long instead of the run's timeout.
+    """
+    world = dist.group.WORLD
+    for group in groups:
+        if group is not world:
+            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout), group)
 
 
 def join_process_group(cluster: ClusterEnvironment, device: torch.device, backend: str, timeout: float, teardown: Callable[[], None]) -> bool:

@@ -126,3 +126,45 @@ def test_a_directory_per_process_is_refused_on_every_rank_before_anything_is_wri
             assert "Pass the same path on every process: a tempfile.TemporaryDirectory() made on each process is not" in message
     per_process = [d for d in tmp_path.iterdir() if d.name != "shared"]
     assert len(per_process) == 2 and not any(any(d.iterdir()) for d in per_process)  # nothing was written into them
+
+
+def _a_rank_hung_on_a_mesh_group() -> dict[str, object]:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from strategies import FSDPStrategy
+    from strategies.mesh import ParallelDims
+    from trainer import Accelerator
+
+    acc = Accelerator(strategy=FSDPStrategy(parallel_dims=ParallelDims(world_size=2, dp_shard=1, tp=2), cpu=True, timeout=3))
+    mesh = acc.strategy.device_mesh
+    assert mesh is not None
+
+    def seconds(group: object) -> float:
+        return float(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())  # type: ignore[attr-defined]
+
+    # every group the run made: the mesh's dimensions, the flattened data-parallel one, the background saves' own
+    timeouts = {name: seconds(mesh[name].get_group()) for name in ("dp_replicate", "dp_shard", "tp", "dp")}
+    timeouts["background save"] = seconds(acc.checkpoints._background_group())
+    if dist.get_rank() == 1:
+        time.sleep(8)  # hung before the collective, past the 3 s timeout
+        return {"timeouts": timeouts}
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1), group=mesh["tp"].get_group())
+    except RuntimeError as err:
+        return {"timeouts": timeouts, "waited": time.monotonic() - start, "error": str(err)}
+    return {"timeouts": timeouts, "waited": time.monotonic() - start, "error": None}
+
+
+@pytest.mark.timeout(120)
+def test_the_groups_a_run_makes_time_out_as_its_process_group_does() -> None:
+    # torch gives every group after the default one its backend's default timeout (30 minutes for gloo, 10 for NCCL):
+    # before, a rank hung before a tensor-parallel collective held the others half an hour, whatever the run's timeout
+    waiting, hung = run_distributed(_a_rank_hung_on_a_mesh_group, nprocs=2, timeout=100, fresh=True)
+    for result in (waiting, hung):
+        assert result["timeouts"] == {"dp_replicate": 3.0, "dp_shard": 3.0, "tp": 3.0, "dp": 3.0, "background save": 3.0}
+    assert waiting["error"] is not None and "Timed out" in str(waiting["error"]), waiting
+    assert float(waiting["waited"]) < 15  # type: ignore[arg-type]
