@@ -45,7 +45,7 @@ from strategies.checkpoint_staging import Staging
 from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.precision import DeepSpeedPrecision, normalize_precision
-from strategies.process_group import join_process_group, leave_process_group
+from strategies.process_group import give_timeout, groups_now, join_process_group, leave_process_group
 from strategies.zero_init import is_partitioned, partitioned_init
 
 INSTALL_HINT = "pip install 'trainwright[deepspeed]' (or pip install deepspeed)"
@@ -231,6 +231,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         self.engine: Any = None
         self._masters = False
         self._owns_group = False
+        self._groups_before: set[Any] | None = None  # the groups before DeepSpeed made its own (zero.Init, initialize)
 
     # configuration ------------------------------------------------------------------------------------
     def _agree_precision(self, mode: str, device: torch.device) -> str:
@@ -317,6 +318,8 @@ class DeepSpeedStrategy(Strategy, Engine):
         if not dist.is_initialized():
             self.setup_environment()  # zero.Init partitions across the process group
         os.environ.setdefault("LOCAL_RANK", str(self.local_rank))  # zero.Init picks its device by it (unset in a plain process)
+        if self._groups_before is None:
+            self._groups_before = groups_now()
         return partitioned_init(import_deepspeed(self.device), self.init_config(), self.precision.module_init_context())
 
     def init_config(self) -> dict[str, Any]:
@@ -389,6 +392,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         if model_parameters is None and "optimizer" in config:
             model_parameters = [p for p in module.parameters() if p.requires_grad]
         deepspeed = import_deepspeed(self.device)
+        before = self._groups_before if self._groups_before is not None else groups_now()
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module,
             optimizer=optimizers[0] if optimizers else None,
@@ -397,6 +401,9 @@ class DeepSpeedStrategy(Strategy, Engine):
             config=config,
             dist_init_required=False,
         )
+        # DeepSpeed's own groups (its data-parallel one, ...) got the backend's default timeout, 30 minutes for gloo
+        give_timeout(groups_now() - before, self.timeout)
+        self._groups_before = None
         self.engine = engine
         self._masters = bool(optimizers) or "optimizer" in config  # the optimizer keeps float32 master copies
         return engine, [] if optimizer is None or not self._masters else [optimizer]

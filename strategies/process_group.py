@@ -37,6 +37,11 @@ def give_timeout(groups: Iterable[Any], timeout: float) -> None:
             dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout), group)
 
 
+def groups_now() -> set[Any]:
+    """The process groups this process has made so far (to find the ones a library makes: `give_timeout` them)."""
+    return set(dist.distributed_c10d._world.pg_names)
+
+
 def join_process_group(cluster: ClusterEnvironment, device: torch.device, backend: str, timeout: float, teardown: Callable[[], None]) -> bool:
     """Select `device` and join (or create) the default process group; return True when this call created it.
 

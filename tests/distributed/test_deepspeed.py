@@ -473,3 +473,26 @@ def test_a_second_deepspeed_run_after_teardown_in_the_same_process() -> None:
     processes on the port of the first races the first store's shutdown, which is not what this is about)."""
     [(first, second)] = run_distributed(_two_runs_in_one_process, nprocs=1, fresh=True)
     assert first == second
+
+
+def _group_timeouts(stage: int) -> dict[str, list[float]]:
+    import torch.distributed as dist
+
+    from strategies import DeepSpeedStrategy
+    from trainer import Accelerator
+
+    acc = Accelerator(strategy=DeepSpeedStrategy(cpu=True, zero_stage=stage, timeout=3))
+    with acc.init_module():  # stage 3: deepspeed.zero.Init partitions the parameters as they are built
+        model = _net()
+    model, _ = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01))
+    groups = dist.distributed_c10d._world.pg_names
+    return {"timeouts": [g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups],
+            "groups": [len(groups)]}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_groups_deepspeed_makes_time_out_as_the_runs_process_group_does(stage: int) -> None:
+    # DeepSpeed makes its own data-parallel group, which torch gives the backend's default timeout (30 minutes for
+    # gloo): before, a rank hung in one of its collectives held the others that long, whatever the run's timeout
+    for result in run_distributed(_group_timeouts, stage):
+        assert result["groups"][0] >= 2 and result["timeouts"] == [3.0] * result["groups"][0], result
