@@ -31,8 +31,7 @@ def _phase(root: Path, kill_at_step: int, strategy: str) -> subprocess.Completed
     warm server: the kill and the resume are the subject, not the launch; when rank 0 is killed the other is stopped,
     as torchrun's agent stops it)."""
     cmd = [sys.executable, "-m", "tests.distributed.test_sharded_resume_kill", str(root), str(kill_at_step), strategy]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60",
-           "OMP_NUM_THREADS": "1"}  # (torchrun's default for several processes per machine)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "TRAINWRIGHT_PG_TIMEOUT": "60"}
     return run_python(cmd, cwd=root, env=env, timeout=240, nprocs=2)
 
 

@@ -44,7 +44,7 @@ def _two_processes(root: Path, signame: str) -> subprocess.CompletedProcess:
         from tests.helpers.scripts import run_python
 
         cmd = [sys.executable, "-m", "tests.integration.test_preemption", str(root), "none"]
-        return run_python(cmd, cwd=root, env={**_env(), "OMP_NUM_THREADS": "1"}, timeout=240, nprocs=2)  # (torchrun's threads)
+        return run_python(cmd, cwd=root, env=_env(), timeout=240, nprocs=2)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "tests.integration.test_preemption", str(root), "external"]
     marker = root / "reached.txt"

@@ -172,8 +172,8 @@ def _train_batches(trainer: Trainer, start: int) -> Any:
     loader = trainer.loaders.train
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(trainer.run_state.current_epoch)
-    if isinstance(loader, CombinedLoader):  # (batch, batch_idx, dataloader_idx): the step gets the combined batch
-        batches = (batch for batch, _, _ in itertools.islice(loader, start, None))  # a resume reads the batches it skips
+    if isinstance(loader, CombinedLoader):  # the step gets the combined batch; a resume reads the batches it skips
+        batches = itertools.islice(trainer.loaders.train_step_batches(), start, None)
     else:
         if start:  # resuming mid-epoch: skip at the batch-sampler level, no skipped sample is loaded
             loader = trainer.accelerator.skip_first_batches(loader, start)
