@@ -64,11 +64,13 @@ class Section:
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], float]], baseline: str, rounds: int, *, unit: str, scale: float = 1.0
+    contenders: dict[str, Callable[[], float]], baseline: str, rounds: int, *, unit: str, scale: float = 1.0,
+    before: Callable[[], None] | None = None,
 ) -> dict[str, Row]:
     """Run every contender once per round (rotating the order) and pair each time with the baseline's.
 
-    Each callable returns the time it measured (seconds); `scale` converts it to `unit` for display.
+    Each callable returns the time it measured (seconds); `scale` converts it to `unit` for display. `before` runs
+    before each contender (untimed: the contenders time themselves), after a garbage collection.
     """
     names = list(contenders)
     rows = {name: Row(name, unit) for name in names}
@@ -77,6 +79,8 @@ def interleaved(
         measured: dict[str, float] = {}
         for name in order:
             gc.collect()
+            if before is not None:
+                before()
             measured[name] = contenders[name]() * scale
         for name in names:
             rows[name].times.append(measured[name])
