@@ -429,8 +429,9 @@ class FSDPStrategy(Strategy, Float8AllGather):
 
         full: dict[str, Any] = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
         own = {key: value.detach().cpu() for key, value in full.items()}
-        gathered: list[Any] = [None] * pipeline.pp_size if self.rank == 0 else []
-        dist.gather_object(own, gathered if self.rank == 0 else None, group=pipeline.group, group_dst=0)
+        first = pipeline.pp_rank == 0  # (every pipeline gathers; process 0's is the one returned)
+        gathered: list[Any] = [None] * pipeline.pp_size
+        dist.gather_object(own, gathered if first else None, group=pipeline.group, group_dst=0)
         if self.rank != 0:
             return {}
         return {key: value for part in gathered for key, value in part.items()}
