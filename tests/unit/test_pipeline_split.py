@@ -60,7 +60,7 @@ def test_explicit_names_are_checked() -> None:
         PipelineConfig(module_fqns_per_stage=[["embed", "layers.0"], ["layers.1", "layers.2", "layers.3", "norm"]]).plan(Net(), 2)
     with pytest.raises(ValueError, match="names \\['body'\\]"):
         PipelineConfig(module_fqns_per_stage=[["embed", "body"], ["head"]]).plan(Net(), 2)
-    with pytest.raises(ValueError, match="holds no nn.ModuleList"):
+    with pytest.raises(ValueError, match=r"holds no nn\.ModuleList"):
         split.layer_container(nn.Linear(2, 2))
 
 
