@@ -29,7 +29,7 @@ def _dataset() -> torch.utils.data.Dataset:
     return torch.utils.data.TensorDataset(x, torch.tanh(x[:, :3] * 2))
 
 
-def _module(pipelined: bool, fail_at: int | None = None) -> Any:
+def _module(pipelined: bool, fail_at: int | None = None, adam: bool = False) -> Any:
     from trainer import TrainModule
 
     class Net(TrainModule):
@@ -64,6 +64,8 @@ def _module(pipelined: bool, fail_at: int | None = None) -> Any:
             self.log("val_loss", loss)
 
         def configure_optimizers(self) -> Any:
+            if adam:
+                return torch.optim.Adam(self.parameters(), lr=0.01)
             return torch.optim.SGD(self.parameters(), lr=0.2, momentum=0.9)
 
     return Net()
