@@ -118,7 +118,12 @@ CASES = (("1F1B", 1), ("1F1B", 2), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2))
 
 
 def _each_case() -> list[dict[str, Any]]:
-    return [_pipelined(schedule, 2, accumulate) for schedule, accumulate in CASES]  # one job: four fits in turn
+    """One job: the four fits in turn, then Lightning's spelling, ModelParallelStrategy(pipeline_parallel_size=2)."""
+    from strategies import ModelParallelStrategy
+
+    results = [_pipelined(schedule, 2, accumulate) for schedule, accumulate in CASES]
+    strategy = ModelParallelStrategy(pipeline_parallel_size=2, cpu=True, timeout=60)
+    return [*results, {**_fit(strategy, True), "repr": repr(strategy)}]
 
 
 @pytest.mark.timeout(300)
@@ -129,6 +134,8 @@ def test_schedules_on_2_processes_match_one_process() -> None:
     for case, (schedule, accumulate) in enumerate(CASES):
         assert [r[case]["stages"] for r in results] == stages[schedule]
         _assert_matches(plain[accumulate], [r[case] for r in results])
+    _assert_matches(plain[1], [r[-1] for r in results])
+    assert results[0][-1]["repr"].startswith("ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1, pipeline_parallel_size=2")
 
 
 @pytest.mark.timeout(400)
