@@ -238,7 +238,7 @@ def logged_hyperparameters(module: TrainModule | None, datamodule: DataModule | 
     """The hyperparameters a run's trackers record (Lightning's rule): the module's and the DataModule's ``hparams``,
     each unless it called ``save_hyperparameters(logger=False)``; a name both hold with different values is an error."""
     parts = [dict(getattr(owner, "hparams", None) or {}) for owner in (module, datamodule)
-             if owner is not None and getattr(owner, "_log_hyperparams", True)]
+             if owner is not None and getattr(owner, "hparams_to_trackers", True)]
     if len(parts) == 2:
         clash = sorted(k for k in parts[0].keys() & parts[1].keys() if parts[0][k] != parts[1][k])
         if clash:
@@ -386,7 +386,10 @@ class GeneralTracker(Callback):
         return is_main or not self.main_process_only
 
     # --- the Trainer face ---------------------------------------------------------------------------
-    def _start_from_trainer(self, trainer: TrainerView, module: TrainModule) -> None:
+    def start_from_trainer(self, trainer: TrainerView, module: TrainModule) -> None:
+        """Start this tracker's run for a `Trainer` run (once; main process only, unless ``main_process_only=False``):
+        its name is the module's class; its hparams the module's and the DataModule's (`logged_hyperparameters`), unless the
+        Trainer has ``enable_autolog_hparams=False``."""
         if not self._should_run(trainer) or self.started:
             return
         if getattr(self, "logging_dir", None) is None:
@@ -399,19 +402,19 @@ class GeneralTracker(Callback):
                 self.store_init_configuration(hparams)
 
     def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
-        self._start_from_trainer(trainer, module)
+        self.start_from_trainer(trainer, module)
 
     def on_validation_start(self, trainer: TrainerView, module: TrainModule) -> None:
-        self._start_from_trainer(trainer, module)
+        self.start_from_trainer(trainer, module)
 
     def on_test_start(self, trainer: TrainerView, module: TrainModule) -> None:
-        self._start_from_trainer(trainer, module)
+        self.start_from_trainer(trainer, module)
 
     def on_log_metrics(self, trainer: TrainerView, module: TrainModule, metrics: dict[str, float], step: int) -> None:
         if not self._should_run(trainer):
             return
         if not self.started:
-            self._start_from_trainer(trainer, module)
+            self.start_from_trainer(trainer, module)
         self.log(metrics, step=step)
 
     def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:

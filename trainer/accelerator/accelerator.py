@@ -47,10 +47,10 @@ from trainer.accelerator.config import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from trainer.accelerator.gradient_state import GradientState
+from trainer.accelerator.gradient_state import GradientState, gradient_state_of
 from trainer.accelerator.gradient_state import track as track_gradient_state
 from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHandler, KwargsHandlers, ProfileKwargs, check_fp8
-from trainer.accelerator.layout import AcceleratorState, share_strategy
+from trainer.accelerator.layout import AcceleratorState, accelerator_state_of, share_strategy
 from trainer.accelerator.mesh_ranks import MeshRanks
 from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.preparation import Preparation, checked_rng_types
@@ -175,7 +175,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
         self.strategy = strategy
         self.strategy.setup_environment()
         share_strategy(self.strategy)
-        self._state = AcceleratorState._of(self.strategy)
+        self._state = accelerator_state_of(self.strategy)
         self._resets = layout.resets[0]  # AcceleratorState._reset_state() after this makes prepare() refuse
         self.gradient_plugin.num_steps = self.strategy.agree_accumulation(self.gradient_plugin.num_steps)
         self.stepper = Stepper(self.strategy, self.gradient_plugin)  # the step: boundaries, backward, clip, optimizer step
@@ -231,7 +231,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
     @property
     def gradient_state(self) -> GradientState:
         """Accelerate's ``GradientState``: a view of this accelerator's accumulation window and of its prepared loaders."""
-        return GradientState._of(self)
+        return gradient_state_of(self)
 
     @property
     def sync_gradients(self) -> bool:
@@ -313,7 +313,7 @@ class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
         """
         if even_batches is not None and not isinstance(even_batches, bool):
             raise TypeError(f"even_batches={even_batches!r} must be True, False or None (keep the loaders' setting)")
-        shards: list[Any] = [getattr(loader, "_shard", None) for loader in self.prepared.dataloaders]
+        shards: list[Any] = [getattr(loader, "shard", None) for loader in self.prepared.dataloaders]
         shards = [shard for shard in shards if hasattr(shard, "even_batches")]
         saved = [(shard, shard.even_batches) for shard in shards]
         if even_batches is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from callbacks.view import ValidationSchedule
+from trainer.fit.dispatch import HookDispatcher
 
 if TYPE_CHECKING:
     from callbacks.base import Callback
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
     from trainer.fit.args import TrainerArgs
     from trainer.fit.combined_loader import CombinedLoader
-    from trainer.fit.dispatch import HookDispatcher
     from trainer.fit.loaders import RunLoaders
     from trainer.fit.model_setup import ModelSetup
     from trainer.fit.module import TrainModule
@@ -68,6 +68,13 @@ class TrainerAttributes:
     def dispatch(self) -> HookDispatcher:
         """The run's hook dispatcher: every hook of the module and the callbacks, in Lightning's order."""
         return self._dispatch
+
+    @dispatch.setter
+    def dispatch(self, dispatcher: HookDispatcher) -> None:
+        # a search inside the run (trainer.fit.search) trains with its own callback's dispatcher, then puts this one back
+        if not isinstance(dispatcher, HookDispatcher):
+            raise TypeError(f"trainer.dispatch must be a trainer.fit.dispatch.HookDispatcher, got {type(dispatcher).__name__}")
+        self._dispatch = dispatcher
 
     @property
     def attached_module(self) -> TrainModule:

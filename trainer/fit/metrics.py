@@ -35,6 +35,12 @@ class TrainerMetrics:
     project_dir: str
 
     @property
+    def results(self) -> ResultsStore:
+        """What ``self.log`` records this run (`trainer.fit.results.ResultsStore`): the step values the loops flush to
+        the trackers, the epoch accumulators they reduce, and the metrics below."""
+        return self._results
+
+    @property
     def callback_metrics(self) -> dict[str, Any]:
         return self._results.callback_metrics
 
@@ -88,7 +94,7 @@ class TrainerMetrics:
                 raise TypeError(f"log_metrics got {name}={value!r:.100}, which is not a number; log numbers or one-element tensors") from None
         self.callback_metrics.update(values)
         self.logged_metrics.update(values)
-        self._send_to_trackers(values, None if step is None else int(step), epoch=step is None)
+        self.send_to_trackers(values, None if step is None else int(step), epoch=step is None)
 
     def results_state_dict(self) -> dict[str, Any]:
         """The epoch accumulators of ``self.log(..., on_epoch=True)``, saved in checkpoints so epoch values stay exact on resume."""
@@ -98,9 +104,10 @@ class TrainerMetrics:
         """Restore what `results_state_dict` returned."""
         self._results.load_state_dict(state)
 
-    def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
+    def send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
         """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
-        (default: `logging_step`); nothing while sanity checking."""
+        (default: `logging_step`); nothing while sanity checking. The loops hand over what `results` recorded this way;
+        values computed elsewhere go through `log_metrics`, which records them first."""
         state = self.run_state
         if not metrics or state.sanity_checking:
             return
@@ -125,5 +132,5 @@ class TrainerMetrics:
         were read, or where the loop synchronizes anyway (``synchronized``), the device-side total of the losses trained
         on is read too (`LossHealth.check`). Costs no synchronization of its own."""
         state = self.run_state
-        if self._args.on_nonfinite is None and state.training and not state.sanity_checking:
+        if state.loss_health.policy is None and state.training and not state.sanity_checking:
             state.loss_health.check(values, synchronized=synchronized, step=state.global_step, epoch=state.current_epoch)

@@ -232,7 +232,7 @@ class Trainer(TrainerAttributes, TrainerMetrics):
         self.project_dir = str(Path(args.project_dir))
         # what a run owns and where it is (trainer.fit.run_state): the loops advance it, checkpoints save its position,
         # a search puts it back; the Lightning attributes below (current_epoch, global_step, stage, ...) are views onto it
-        self.run_state = RunState(max_epochs=args.max_epochs, max_steps=args.max_steps)
+        self.run_state = RunState(max_epochs=args.max_epochs, max_steps=args.max_steps, loss_health=LossHealth(args.on_nonfinite))
         self.lightning_module: TrainModule | None = None
         self.model_setup = ModelSetup(self)  # the module as the strategy set it up, its optimizers
         self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
@@ -434,7 +434,7 @@ class Trainer(TrainerAttributes, TrainerMetrics):
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
         self.loaders.moves_batches = moves_batches_itself(self)
-        loaders = [self.loaders.eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
+        loaders = [self.loaders.eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True, datamodule=self.datamodule)]
         name = f"limit_{kind}_batches"
         limits = [loops.limit_batches(loops.num_batches(loader), getattr(self._args, name), name) for loader in loaders]
         setattr(self, f"num_{kind}_batches", one_or_list(limits))
