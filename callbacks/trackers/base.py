@@ -6,7 +6,9 @@ same object receives ``on_fit_start`` / ``on_log_metrics`` / ``teardown``.
 
 Values go through :func:`prepare_values` before they reach a backend: nested dicts are flattened to
 ``"a/b"`` keys, 0-dim tensors become Python numbers with one device transfer per (device, dtype)
-group, and anything a backend cannot take is skipped with a one-time warning.
+group, and anything a backend cannot take is skipped with a one-time warning. A built-in backend whose
+Accelerate tracker writes a dict value its own way (TensorBoard's ``add_scalars``, W&B's nesting, Comet's
+``log_metrics``) takes the dict values apart with `GeneralTracker.prepare_groups` / `prepare_tree` instead.
 """
 
 from __future__ import annotations
@@ -379,6 +381,44 @@ class GeneralTracker(Callback):
         return prepare_values(
             values, lambda key, message: self.warn_once(f"value:{key}", message), getattr(self, "package", None)
         )
+
+    def prepare_groups(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """``values`` split as Accelerate's trackers see them: the top-level values (prepared, see `prepare_values`),
+        and each top-level dict value prepared on its own (its own nested dicts flattened to ``"a/b"`` keys).
+
+        ``{"loss": t, "eval": {"acc": 0.6, "f1": 0.5}}`` -> ``({"loss": 0.3}, {"eval": {"acc": 0.6, "f1": 0.5}})``.
+        """
+        if not isinstance(values, Mapping):
+            return self.prepare_values(values), {}  # (its error)
+        top = {key: value for key, value in values.items() if not isinstance(value, Mapping)}
+        groups = {}
+        for key, value in values.items():
+            if isinstance(value, Mapping):
+                warn = functools.partial(self._warn_value, f"{key}/")
+                group = prepare_values(value, warn, getattr(self, "package", None))
+                if group:
+                    groups[str(key)] = group
+        return self.prepare_values(top), groups
+
+    def _warn_value(self, prefix: str, key: str, message: str) -> None:
+        self.warn_once(f"value:{prefix}{key}", message)
+
+    def prepare_tree(self, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        """``values`` prepared leaf by leaf with their nesting kept (for backends that lay nested dicts out themselves:
+        W&B, Trackio, SwanLab, as Accelerate hands them over); an empty dict is left out."""
+        if not isinstance(values, Mapping):
+            return self.prepare_values(values)  # (its error)
+        top = {key: value for key, value in values.items() if not isinstance(value, Mapping)}
+        prepared = prepare_values(top, functools.partial(self._warn_value, prefix), getattr(self, "package", None))
+        tree: dict[str, Any] = {}
+        for key, value in values.items():
+            if isinstance(value, Mapping):
+                branch = self.prepare_tree(value, f"{prefix}{key}/")
+                if branch:
+                    tree[str(key)] = branch
+            elif str(key) in prepared:
+                tree[str(key)] = prepared[str(key)]
+        return tree
 
     def _should_run(self, trainer: TrainerView) -> bool:
         is_main = trainer.is_global_zero
