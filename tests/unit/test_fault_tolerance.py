@@ -115,3 +115,17 @@ def test_strategies_that_cannot_take_it_refuse_it():
     for strategy in (DeepSpeedStrategy, XLAStrategy):
         with pytest.raises(TypeError, match="fault_tolerance"):
             strategy(fault_tolerance=FaultTolerance())  # type: ignore[call-arg]
+
+
+def test_the_accelerator_checks_the_same_inputs_first(monkeypatch):
+    from trainer import Accelerator
+
+    with pytest.raises(TypeError, match=r"Accelerator\(fault_tolerance='yes'\)"):
+        Accelerator(cpu=True, fault_tolerance="yes")  # type: ignore[arg-type]
+    monkeypatch.setenv("REPLICA_GROUP_ID", "0")
+    monkeypatch.setenv("NUM_REPLICA_GROUPS", "2")
+    with pytest.raises(ValueError, match=r"min_replica_groups=3\) but the job has 2"):
+        Accelerator(cpu=True, fault_tolerance=FaultTolerance(min_replica_groups=3))
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(ImportError, match="fault-tolerance"):
+        Accelerator(cpu=True, fault_tolerance=FaultTolerance(min_replica_groups=2))

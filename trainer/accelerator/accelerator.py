@@ -35,6 +35,7 @@ from strategies import Strategy
 from strategies import fp8 as fp8_module
 from strategies.checkpoint_store import CheckpointStore
 from strategies.environment import env_flag, env_setting
+from strategies.fault_tolerance import FaultTolerance, check_fault_tolerance
 from strategies.precision import PrecisionSettings, normalize_precision
 from trainer.accelerator import layout
 from trainer.accelerator.builder import accumulation_plugin, build_strategy
@@ -99,6 +100,8 @@ class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
         dynamo_backend: a ``torch.compile`` backend (``"inductor"``, ...; ``"no"``: off): models are compiled after `prepare`
             set them up (default from ``TRAINWRIGHT_DYNAMO_BACKEND``).
         dynamo_plugin: a `TorchDynamoPlugin` (mode, fullgraph, dynamic, ``use_regional_compilation``), instead of `dynamo_backend`.
+        fault_tolerance: a `strategies.FaultTolerance`: train across torchft replica groups (not built yet: its inputs
+            are checked, then a `NotImplementedError` says what recovers from failures today; docs/fault-tolerance.md).
     """
 
     def __init__(
@@ -125,7 +128,10 @@ class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
         dynamo_backend: str | Callable[..., object] | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
+        fault_tolerance: FaultTolerance | None = None,
     ) -> None:
+        if fault_tolerance is not None:
+            check_fault_tolerance(fault_tolerance, "Accelerator")
         handlers = KwargsHandlers.sort(kwargs_handlers)  # Accelerate's kwargs_handlers, one per kind: each honoured below, or refused
         fp8_backend = _fp8_backend(mixed_precision or env_setting("MIXED_PRECISION", "no"), handlers,
                                    bool(env_flag("CPU")) if cpu is None else bool(cpu))
