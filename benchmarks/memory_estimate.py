@@ -5,7 +5,7 @@
 
 Grid: a tiny ``transformers`` Llama (built locally from `LlamaConfig`: hidden 64, 2 layers, vocabulary 128; batch
 8 × 128 tokens) and an MLP (4 blocks of 512 → 1024 → 512; batch 8 × 64 × 512) × single / DDP / FSDP2 (2 processes)
-/ ZeRO-2 / ZeRO-3 × activation checkpointing off/on × 32-true / bf16-mixed / bf16-true × AdamW / SGD.
+/ ZeRO-2 / ZeRO-3 × activation checkpointing off/on × 32-true / bf16-mixed / bf16-true × AdamW / SGD (torch's default: no momentum) / SGD with momentum 0.9.
 
 *Predicted*: `trainer.utils.estimate_memory` (fake tensors, nothing allocated). *Measured*: one real iteration on the
 CPU, set up by the real strategy, under PyTorch's trackers (`trainer.planning.measure.measure_iteration`: `MemTracker`,
@@ -17,6 +17,7 @@ is built), after one untracked iteration. *Weights only*: the whole model's weig
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -67,6 +68,7 @@ def tiny_llama() -> nn.Module:
     return LlamaForCausalLM(config)
 
 
+OPTIMIZERS: tuple[Any, ...] = ("adamw", "sgd", functools.partial(torch.optim.SGD, momentum=0.9))
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {"llama": (tiny_llama, (128,)), "mlp": (MLP, (64, 512))}
 STRATEGY_PROCESSES = {"single": 1, "ddp": 2, "fsdp": 2, "deepspeed_stage_2": 2, "deepspeed_stage_3": 2}
 
@@ -74,7 +76,7 @@ STRATEGY_PROCESSES = {"single": 1, "ddp": 2, "fsdp": 2, "deepspeed_stage_2": 2, 
 def grid(models: Iterable[str], *, quick: bool, batch_size: int = 8,
          strategies: Iterable[str] = tuple(STRATEGY_PROCESSES)) -> list[tuple[str, Setup]]:
     """(model name, setup) for every configuration of the grid (``quick``: AdamW only), of `strategies`."""
-    optimizers = ("adamw",) if quick else ("adamw", "sgd")
+    optimizers = ("adamw",) if quick else OPTIMIZERS
     out = []
     for name, strategy, ac, precision, opt in itertools.product(
         models, strategies, (False, True), ("32-true", "bf16-mixed", "bf16-true"), optimizers
@@ -105,7 +107,7 @@ def _row(name: str, setup: Setup, measured: dict[str, int] | None) -> dict[str, 
     torch.manual_seed(0)
     estimate = estimate_setup(meta_copy(MODELS[name][0]()), setup)
     row: dict[str, Any] = {"model": name, "strategy": setup.strategy, "processes": setup.num_processes, "ac": setup.activation_checkpointing,
-                           "precision": setup.precision, "optimizer": setup.optimizer, "predicted": estimate.peak,
+                           "precision": setup.precision, "optimizer": setup.optimizer.name, "predicted": estimate.peak,
                            "predicted_parameters": estimate.parameters, "predicted_optimizer": estimate.optimizer,
                            "weights_only": estimate.weights_only}
     if measured is not None:
@@ -156,7 +158,7 @@ def run_gpu() -> list[dict[str, Any]]:
     from trainer.planning.measure import measure_cuda_peak
 
     rows = []
-    for precision, ac, opt in itertools.product(("32-true", "bf16-mixed", "bf16-true"), (False, True), ("adamw", "sgd")):
+    for precision, ac, opt in itertools.product(("32-true", "bf16-mixed", "bf16-true"), (False, True), OPTIMIZERS):
         setup = Setup(strategy="single", num_processes=1, precision=precision, optimizer=opt, activation_checkpointing=ac,
                       batch_size=4, shape=(1024,), device="cuda")
         torch.manual_seed(0)
@@ -165,7 +167,7 @@ def run_gpu() -> list[dict[str, Any]]:
         measured = measure_cuda_peak(model, setup)
         del model
         torch.cuda.empty_cache()
-        rows.append({"model": "llama-150m", "strategy": "single", "processes": 1, "ac": ac, "precision": precision, "optimizer": opt,
+        rows.append({"model": "llama-150m", "strategy": "single", "processes": 1, "ac": ac, "precision": precision, "optimizer": setup.optimizer.name,
                      "predicted": estimate.peak, "predicted_parameters": estimate.parameters,
                      "predicted_optimizer": estimate.optimizer, "weights_only": estimate.weights_only,
                      "measured": measured, "measured_parameters": estimate.parameters, "measured_optimizer": estimate.optimizer,

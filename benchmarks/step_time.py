@@ -420,7 +420,7 @@ def part_costs(work: Workload, data: TensorDataset, rounds: int) -> str:
         "self.log": [(TrainModule, "log")],
         "progress bar (its per-batch hook)": [(ProgressBar, "on_train_batch_end")],
         "CSV tracker (step values to floats and a written, flushed row, every log_every_n_steps)":
-            [(ResultsStore, "flush_step"), (Trainer, "_send_to_trackers")],
+            [(ResultsStore, "flush_step"), (Trainer, "send_to_trackers")],
         "zero_grad": [(Stepper, "zero_grad")],
         "backward (with torch's)": [(Stepper, "backward")],
         "optimizer step (with torch's)": [(Stepper, "optimizer_step")],

@@ -7,6 +7,7 @@ its settings and says when it runs: at ``on_fit_start`` in ``fit``; in ``validat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from callbacks.base import Callback
@@ -14,6 +15,19 @@ from callbacks.base import Callback
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
+
+
+@dataclass(frozen=True)
+class BatchSizeFinderSettings:
+    """What a `BatchSizeFinder` searches (its checked arguments; ``trainer.run_tuner`` reads them)."""
+
+    mode: str = "power"
+    steps_per_trial: int = 3
+    init_val: int = 2
+    max_trials: int = 25
+    batch_arg_name: str = "batch_size"
+    margin: float = 0.05
+    max_val: int = 8192
 
 
 class BatchSizeFinder(Callback):
@@ -30,6 +44,10 @@ class BatchSizeFinder(Callback):
         max_val: the largest size tried.
 
     ``self.optimal_batch_size`` is the size found (``init_val`` before the search); the module (or datamodule) keeps it.
+
+    Attributes:
+        settings: the arguments above, checked (`BatchSizeFinderSettings`, frozen).
+        early_exit: True when a `Tuner` made this finder: the run ends after the search (Lightning's ``_early_exit``).
     """
 
     SUPPORTED_MODES = ("power", "binsearch")
@@ -48,14 +66,11 @@ class BatchSizeFinder(Callback):
         if not isinstance(batch_arg_name, str) or not batch_arg_name:
             raise ValueError(f"batch_arg_name={batch_arg_name!r} must name the attribute that holds the batch size")
         self.optimal_batch_size: int | None = init_val
-        self._mode = mode.lower()
-        self._steps_per_trial = steps_per_trial
-        self._init_val = init_val
-        self._max_trials = max_trials
-        self._batch_arg_name = batch_arg_name
-        self._margin = float(margin)
-        self._max_val = max_val
-        self._early_exit = False  # set by the Tuner: the run ends after the search
+        self.settings = BatchSizeFinderSettings(
+            mode=mode.lower(), steps_per_trial=steps_per_trial, init_val=init_val, max_trials=max_trials,
+            batch_arg_name=batch_arg_name, margin=float(margin), max_val=max_val,
+        )
+        self.early_exit = False  # set by the Tuner: the run ends after the search
 
     def scale_batch_size(self, trainer: TrainerView, pl_module: TrainModule) -> None:
         """Run the search now (from a start hook); the result is ``self.optimal_batch_size``."""
@@ -76,7 +91,7 @@ class BatchSizeFinder(Callback):
         self._evaluation_search(trainer, pl_module)
 
     def _evaluation_search(self, trainer: TrainerView, pl_module: TrainModule) -> None:
-        if not self._early_exit:  # the evaluation's loaders are built before its start hook, so they would keep the old size
+        if not self.early_exit:  # the evaluation's loaders are built before its start hook, so they would keep the old size
             raise NotImplementedError(
                 f"BatchSizeFinder as a callback of trainer.{trainer.stage}() is not supported: that run's loaders are built "
                 f"before the search. Run Tuner(trainer).scale_batch_size(module, method={trainer.stage!r}) first, then "

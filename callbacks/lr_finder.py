@@ -8,6 +8,7 @@ again later (say, at chosen epochs while fine-tuning), as in Lightning.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
@@ -15,6 +16,19 @@ from callbacks.base import Callback
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
     from trainer.fit.module import TrainModule
+
+
+@dataclass(frozen=True)
+class LRFinderSettings:
+    """What a `LearningRateFinder` searches (its checked arguments; ``trainer.run_tuner`` reads them)."""
+
+    min_lr: float = 1e-8
+    max_lr: float = 1.0
+    num_training_steps: int = 100
+    mode: str = "exponential"
+    early_stop_threshold: float | None = 4.0
+    update_attr: bool = True
+    attr_name: str = ""
 
 
 class LearningRateFinder(Callback):
@@ -31,6 +45,10 @@ class LearningRateFinder(Callback):
 
     After the search ``self.optimal_lr`` is the `trainer.fit.lr_finder.LRFinder` (``suggestion()``, ``results``,
     ``plot()``). The model, optimizer, schedulers, loop and loader positions are restored afterwards.
+
+    Attributes:
+        settings: the arguments above, checked (`LRFinderSettings`, frozen).
+        early_exit: True when a `Tuner` made this finder: the run ends after the search (Lightning's ``_early_exit``).
     """
 
     SUPPORTED_MODES = ("linear", "exponential")
@@ -58,14 +76,11 @@ class LearningRateFinder(Callback):
             raise TypeError(f"update_attr={update_attr!r} must be True or False")
         if not isinstance(attr_name, str):
             raise TypeError(f"attr_name={attr_name!r} must be a str (empty: find 'lr' or 'learning_rate')")
-        self._min_lr = float(min_lr)
-        self._max_lr = float(max_lr)
-        self._num_training_steps = num_training_steps
-        self._mode = mode
-        self._early_stop_threshold = None if threshold is None else float(threshold)
-        self._update_attr = update_attr
-        self._attr_name = attr_name
-        self._early_exit = False  # set by the Tuner: the run ends after the search
+        self.settings = LRFinderSettings(
+            min_lr=float(min_lr), max_lr=float(max_lr), num_training_steps=num_training_steps, mode=mode,
+            early_stop_threshold=None if threshold is None else float(threshold), update_attr=update_attr, attr_name=attr_name,
+        )
+        self.early_exit = False  # set by the Tuner: the run ends after the search
         self.optimal_lr: Any = None
 
     def lr_find(self, trainer: TrainerView, pl_module: TrainModule) -> None:

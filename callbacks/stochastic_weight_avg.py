@@ -21,7 +21,7 @@ from torch import nn
 from torch.optim.swa_utils import SWALR
 
 from callbacks.base import Callback
-from callbacks.weight_averaging import AveragedModelSlot, refuse_sharded
+from callbacks.weight_averaging import AveragedModelSlot, refuse_sharded, trainer_detached
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
@@ -287,12 +287,8 @@ class _SWAState:
 
 
 def _copy_without_trainer(module: TrainModule) -> nn.Module:
-    trainer = module._trainer  # not deep-copied with the module
-    object.__setattr__(module, "_trainer", None)
-    try:
+    with trainer_detached(module):
         return copy.deepcopy(module)
-    finally:
-        object.__setattr__(module, "_trainer", trainer)
 
 
 __all__ = ["StochasticWeightAveraging"]

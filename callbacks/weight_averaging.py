@@ -15,7 +15,9 @@ sharding), and a resume slices it back into each process's shards. DeepSpeed, wh
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -145,9 +147,7 @@ class WeightAveraging(Callback):
     # ------------------------------------------------------------------ helpers
     def _build(self, module: TrainModule) -> AveragedModel:
         if self._average_model is None:
-            trainer = module._trainer  # not deep-copied with the module
-            object.__setattr__(module, "_trainer", None)
-            try:
+            with trainer_detached(module):  # the Trainer is not deep-copied with the module
                 if self._sharded:  # (an FSDP module cannot be deep-copied: its weights are, shard by shard)
                     from strategies.fsdp import weights_view  # lazy: import cost (needed only under FSDP)
 
@@ -155,8 +155,6 @@ class WeightAveraging(Callback):
                 else:
                     device = self._device or module.device
                     self._average_model = AveragedModel(module, device=device, use_buffers=self._use_buffers, **self._kwargs)
-            finally:
-                object.__setattr__(module, "_trainer", trainer)
         return self._average_model
 
     def _swap(self, module: TrainModule) -> None:
@@ -266,6 +264,22 @@ def _check_strategy(callback: WeightAveraging, strategy: Strategy) -> bool:
             "torch.optim.swa_utils.AveragedModel on the gathered weights"
         )
     return False
+
+
+@contextlib.contextmanager
+def trainer_detached(module: TrainModule) -> Iterator[None]:
+    """In the block `module` has no Trainer, so a copy made there (``copy.deepcopy``, an `AveragedModel`) leaves the
+    Trainer out; it is attached again after."""
+    try:
+        trainer = module.trainer
+    except RuntimeError:  # not attached: there is nothing to leave out
+        yield
+        return
+    module.trainer = None
+    try:
+        yield
+    finally:
+        module.trainer = trainer
 
 
 def refuse_sharded(callback: Callback, strategy: Strategy) -> None:

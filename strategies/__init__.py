@@ -6,6 +6,7 @@ from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
 from strategies.deepspeed import DeepSpeedStrategy
 from strategies.environment import ClusterEnvironment, detect_environment
+from strategies.fault_tolerance import FaultTolerance
 from strategies.fsdp import FSDPStrategy, apply_fsdp
 from strategies.mesh import ParallelDims
 from strategies.model_parallel import ModelParallelStrategy
@@ -23,6 +24,7 @@ __all__ = [
     "DDPStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
+    "FaultTolerance",
     "ModelParallelStrategy",
     "ParallelDims",
     "PipelineConfig",

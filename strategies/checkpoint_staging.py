@@ -93,7 +93,7 @@ class Staging:
         if shared and not shared_memory_available():
             raise RuntimeError("Staging(shared=True) needs os.memfd_create (Linux); stage in private memory (shared=False)")
         self.shared = shared
-        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._host_buffers: dict[tuple[Any, ...], torch.Tensor] = {}
         self._owner: dict[tuple[Any, ...], Segment] = {}  # (shared) the segment of each buffer
         self._used: set[tuple[Any, ...]] = set()
         self._pin = torch.cuda.is_available()
@@ -110,7 +110,7 @@ class Staging:
         """Wait for the device-to-host copies and release buffers no staged state used this time."""
         if self._pin and torch.cuda.is_initialized():
             torch.cuda.synchronize()
-        for key in set(self._buffers) - self._used:
+        for key in set(self._host_buffers) - self._used:
             self._drop(key)
         self._used.clear()
         if self.shared:
@@ -123,7 +123,7 @@ class Staging:
         """Called before a save copies anything (its predecessor's write is over): where the buffers' layout left too
         much shared memory unused, every buffer is dropped and allocated afresh by this save."""
         if self._compact:
-            for key in list(self._buffers):
+            for key in list(self._host_buffers):
                 self._drop(key)
             self._compact = False
 
@@ -136,11 +136,11 @@ class Staging:
 
     def close(self) -> None:
         """Release every buffer and shared segment (`released` then names the segments)."""
-        for key in list(self._buffers):
+        for key in list(self._host_buffers):
             self._drop(key)
 
     def _drop(self, key: tuple[Any, ...]) -> None:
-        del self._buffers[key]
+        del self._host_buffers[key]
         segment = self._owner.pop(key, None)
         if segment is not None:
             segment.live -= 1
@@ -169,7 +169,7 @@ class Staging:
             return DTensor.from_local(local, sharded.device_mesh, sharded.placements, run_check=False,
                                       shape=sharded.shape, stride=sharded.stride())
         tensor = tensor.detach()
-        buffer = self._buffers.get(key)
+        buffer = self._host_buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or not buffer.is_contiguous():
             if buffer is not None:
                 self._drop(key)
@@ -185,7 +185,7 @@ class Staging:
             nbytes = tensor.numel() * tensor.element_size()
             if nbytes == 0:
                 buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
-                self._buffers[key] = buffer
+                self._host_buffers[key] = buffer
                 return buffer
             found = next(((s, offset) for s in self.segments.values() if (offset := s.take(nbytes)) is not None), None)
             if found is None:
@@ -195,8 +195,8 @@ class Staging:
             segment, offset = found
             buffer = segment.buffer(offset, nbytes).view(tensor.dtype).view(tensor.shape)
             self._owner[key] = segment
-        self._buffers[key] = buffer
+        self._host_buffers[key] = buffer
         return buffer
 
     def nbytes(self) -> int:
-        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers.values())
+        return sum(buffer.numel() * buffer.element_size() for buffer in self._host_buffers.values())

@@ -268,6 +268,18 @@ class DataLoaderShard(DataLoader):
         return self._progress.end
 
     @property
+    def shard(self) -> BatchSamplerShard | IterableDatasetShard | None:
+        """What deals this process its share (its batch sampler, or its data set for an iterable one); None if neither."""
+        return self._shard
+
+    @property
+    def pass_in_progress(self) -> tuple[int, Any] | None:
+        """While a pass over this loader (or a `skip_first_batches` view of it) runs: ``(when it began, counted over the
+        passes of every loader, the loader iterating it)``; None between passes."""
+        progress = self._progress
+        return (progress.started, progress.running) if progress.started else None
+
+    @property
     def epoch(self) -> int:
         """The epoch the next (or current) pass draws; advances after each full pass."""
         return self._progress.epoch
@@ -552,7 +564,8 @@ _END = object()
 _PASSES = itertools.count(1)  # orders the passes in progress (GradientState.active_dataloader: the one begun last)
 
 
-def _carried_kwargs(loader: DataLoader) -> dict[str, Any]:
+def carried_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """The arguments of `loader` a loader built over its data set keeps (workers, ``collate_fn``, ``pin_memory``, ...)."""
     return {name: getattr(loader, name) for name in _CARRIED if hasattr(loader, name)}
 
 
@@ -560,7 +573,7 @@ def _build(
     dataloader: DataLoader, *, num_processes: int, process_index: int, split_batches: bool, even_batches: bool,
     seed: int | None, dispatch: bool = False, **shard_kwargs: Any,
 ) -> DataLoaderShard:
-    kwargs = _carried_kwargs(dataloader)
+    kwargs = carried_kwargs(dataloader)
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset):
         if dataloader.batch_size is None:

@@ -14,6 +14,7 @@ from torch import nn
 
 from strategies.base import Strategy, best_device, materialize_if_empty
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
+from strategies.fault_tolerance import FaultTolerance, check_fault_tolerance
 from strategies.process_group import join_process_group, leave_process_group
 
 
@@ -37,6 +38,8 @@ class DDPStrategy(Strategy):
             ``"power_sgd"`` or ``"batched_power_sgd"``.
         comm_wrapper: ``"fp16"``/``"bf16"``: wrap a PowerSGD `comm_hook` in that compression.
         comm_state_option: ``PowerSGDState`` arguments for a PowerSGD hook.
+        fault_tolerance: a `strategies.FaultTolerance`: train across torchft replica groups (not built yet: its inputs
+            are checked, then a `NotImplementedError` says what recovers from failures today).
     """
 
     name = "ddp"
@@ -57,7 +60,10 @@ class DDPStrategy(Strategy):
         comm_hook: str | None = None,
         comm_wrapper: str | None = None,
         comm_state_option: dict[str, Any] | None = None,
+        fault_tolerance: FaultTolerance | None = None,
     ) -> None:
+        if fault_tolerance is not None:
+            check_fault_tolerance(fault_tolerance, "DDPStrategy")
         cluster = detect_environment() if cluster is None else cluster
         if not dist.is_available():
             raise RuntimeError("strategy='ddp' needs torch.distributed, which this torch build lacks; use strategy='single'")

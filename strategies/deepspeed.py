@@ -631,6 +631,9 @@ class DeepSpeedStrategy(Strategy, Engine):
                 raise checkpoint_io.CheckpointError(
                     f"cannot reshard the DeepSpeed checkpoint {str(path)!r} of {saved_world} processes to {self.world_size}: {problem}"
                 )
+            # DeepSpeed's own internal: load_checkpoint reads engine._config.load_universal_checkpoint, which has no public
+            # setter (engine.load_universal_checkpoint() only reads it; the JSON config fixes it at initialize): set for
+            # this one load, reset after it
             engine._config.load_universal_checkpoint = True
             try:
                 loaded, _ = engine.load_checkpoint(

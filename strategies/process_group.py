@@ -66,9 +66,11 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
         dist.set_debug_level(dist.DebugLevel.DETAIL)  # torch reads the variable once, maybe before this process set it
     os.environ.setdefault("MASTER_ADDR", cluster.master_addr)
     os.environ.setdefault("MASTER_PORT", str(cluster.master_port))
+    store = attempt_store(timeout)
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        init_method=None if store is not None else "env://",
+        store=store,
         world_size=cluster.world_size,
         rank=cluster.rank,
         timeout=datetime.timedelta(seconds=timeout),
@@ -76,6 +78,38 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
     atexit.register(teardown)
     report_hung_ranks(cluster.rank, cluster.world_size, timeout, several_machines=cluster.world_size > cluster.local_world_size)
     return True
+
+
+# The variable `trainer launch` gives workers: a token all of one rendezvous round's agents agreed on (trainer.cli.rounds).
+ATTEMPT_VARIABLE = "TRAINWRIGHT_ATTEMPT"
+
+
+def attempt_id() -> str | None:
+    """Which attempt of an elastic job this worker belongs to, the same on every worker of it: the token `trainer
+    launch` agreed on for the rendezvous round, else torchrun's restart count; None outside torchrun."""
+    return os.environ.get(ATTEMPT_VARIABLE) or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+
+
+def attempt_store(timeout: float) -> Any:
+    """Under torchrun with its agent's store shared with the workers: that store, under a prefix of this attempt's own.
+
+    torchrun's c10d rendezvous keeps one store server for the whole job (``TORCHELASTIC_USE_AGENT_STORE``), and torch
+    builds the default group in it under the same keys on every attempt. A worker the agent restarted then reads the
+    addresses the dead attempt's workers left there: gloo's ``connectFullMesh`` connects to a port nobody listens on
+    ("Connection refused") or, worse, to the wrong peer and waits (a hang). A plain ``init_process_group("gloo")`` under
+    ``torchrun --standalone --nproc_per_node 2 --max-restarts 1`` whose rank 1 died once recovered 2 times in 12 here;
+    on a store under a prefix of the attempt's own, 8 in 8. Every group made later (a device mesh's, the background
+    saves' gloo group) lives under the default group's store, so under the prefix too. None (torch's own ``env://``)
+    anywhere else: without the agent's store, rank 0 serves a new store on every attempt.
+    """
+    attempt = attempt_id()
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt is None:
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), is_master=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )  # fmt: skip
+    return dist.PrefixStore(f"trainwright/attempt/{attempt}", store)
 
 
 # torch's gloo worker threads (``ProcessGroupGloo::runLoop``); /proc shows a thread's name (15 characters at most).

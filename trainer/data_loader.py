@@ -14,8 +14,8 @@ import torch
 
 from strategies import data as _data
 from strategies.data import DataLoaderShard, SeedableRandomSampler, skip_first_batches
-from trainer.accelerator.accelerator import _checked_rng_types, _rng_synchronizer
 from trainer.accelerator.layout import PartialState
+from trainer.accelerator.preparation import checked_rng_types, rng_synchronizer
 from trainer.unsupported import unsupported_names
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def prepare_data_loader(
         seed = data_seed if data_seed is not None else torch.random.initial_seed()
     synchronize = None
     if rng_types:
-        synchronize = _rng_synchronizer(_checked_rng_types(rng_types))
+        synchronize = rng_synchronizer(checked_rng_types(rng_types))
     return _data.prepare_data_loader(
         dataloader, device=device, num_processes=num_processes, process_index=process_index,  # type: ignore[arg-type]
         split_batches=split_batches, even_batches=even_batches, put_on_device=put_on_device, non_blocking=non_blocking,

@@ -4,7 +4,6 @@ Importing this package imports no tracker library; each integration imports its 
 ``start()``.
 """
 
-from callbacks.trackers import registry as _registry
 from callbacks.trackers.aim import AimTracker
 from callbacks.trackers.base import GeneralTracker, NoOpTracker, on_main_process
 from callbacks.trackers.clearml import ClearMLTracker
@@ -17,6 +16,7 @@ from callbacks.trackers.registry import (
     LoggerType,
     TrackerHub,
     available_trackers,
+    register_built_in,
     register_tracker_class,
     resolve_trackers,
     tracker_names,
@@ -26,22 +26,8 @@ from callbacks.trackers.tensorboard import TensorBoardTracker
 from callbacks.trackers.trackio import TrackioTracker
 from callbacks.trackers.wandb import WandBTracker
 
-for _cls in (
-    CSVTracker,
-    TensorBoardTracker,
-    WandBTracker,
-    CometMLTracker,
-    AimTracker,
-    MLflowTracker,
-    ClearMLTracker,
-    DVCLiveTracker,
-    TrackioTracker,
-    SwanLabTracker,
-):
-    register_tracker_class(_cls)
-del _cls
-_registry._BUILT_IN = (CSVTracker, TensorBoardTracker, WandBTracker, CometMLTracker, AimTracker, MLflowTracker,
-                       ClearMLTracker, DVCLiveTracker, TrackioTracker, SwanLabTracker)
+register_built_in(CSVTracker, TensorBoardTracker, WandBTracker, CometMLTracker, AimTracker, MLflowTracker, ClearMLTracker,
+                  DVCLiveTracker, TrackioTracker, SwanLabTracker)
 
 __all__ = [
     "AimTracker",

@@ -6,7 +6,9 @@ same object receives ``on_fit_start`` / ``on_log_metrics`` / ``teardown``.
 
 Values go through :func:`prepare_values` before they reach a backend: nested dicts are flattened to
 ``"a/b"`` keys, 0-dim tensors become Python numbers with one device transfer per (device, dtype)
-group, and anything a backend cannot take is skipped with a one-time warning.
+group, and anything a backend cannot take is skipped with a one-time warning. A built-in backend whose
+Accelerate tracker writes a dict value its own way (TensorBoard's ``add_scalars``, W&B's nesting, Comet's
+``log_metrics``) takes the dict values apart with `GeneralTracker.prepare_groups` / `prepare_tree` instead.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ def logged_hyperparameters(module: TrainModule | None, datamodule: DataModule | 
     """The hyperparameters a run's trackers record (Lightning's rule): the module's and the DataModule's ``hparams``,
     each unless it called ``save_hyperparameters(logger=False)``; a name both hold with different values is an error."""
     parts = [dict(getattr(owner, "hparams", None) or {}) for owner in (module, datamodule)
-             if owner is not None and getattr(owner, "_log_hyperparams", True)]
+             if owner is not None and getattr(owner, "hparams_to_trackers", True)]
     if len(parts) == 2:
         clash = sorted(k for k in parts[0].keys() & parts[1].keys() if parts[0][k] != parts[1][k])
         if clash:
@@ -380,13 +382,54 @@ class GeneralTracker(Callback):
             values, lambda key, message: self.warn_once(f"value:{key}", message), getattr(self, "package", None)
         )
 
+    def prepare_groups(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """``values`` split as Accelerate's trackers see them: the top-level values (prepared, see `prepare_values`),
+        and each top-level dict value prepared on its own (its own nested dicts flattened to ``"a/b"`` keys).
+
+        ``{"loss": t, "eval": {"acc": 0.6, "f1": 0.5}}`` -> ``({"loss": 0.3}, {"eval": {"acc": 0.6, "f1": 0.5}})``.
+        """
+        if not isinstance(values, Mapping):
+            return self.prepare_values(values), {}  # (its error)
+        top = {key: value for key, value in values.items() if not isinstance(value, Mapping)}
+        groups = {}
+        for key, value in values.items():
+            if isinstance(value, Mapping):
+                warn = functools.partial(self._warn_value, f"{key}/")
+                group = prepare_values(value, warn, getattr(self, "package", None))
+                if group:
+                    groups[str(key)] = group
+        return self.prepare_values(top), groups
+
+    def _warn_value(self, prefix: str, key: str, message: str) -> None:
+        self.warn_once(f"value:{prefix}{key}", message)
+
+    def prepare_tree(self, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        """``values`` prepared leaf by leaf with their nesting kept (for backends that lay nested dicts out themselves:
+        W&B, Trackio, SwanLab, as Accelerate hands them over); an empty dict is left out."""
+        if not isinstance(values, Mapping):
+            return self.prepare_values(values)  # (its error)
+        top = {key: value for key, value in values.items() if not isinstance(value, Mapping)}
+        prepared = prepare_values(top, functools.partial(self._warn_value, prefix), getattr(self, "package", None))
+        tree: dict[str, Any] = {}
+        for key, value in values.items():
+            if isinstance(value, Mapping):
+                branch = self.prepare_tree(value, f"{prefix}{key}/")
+                if branch:
+                    tree[str(key)] = branch
+            elif str(key) in prepared:
+                tree[str(key)] = prepared[str(key)]
+        return tree
+
     def _should_run(self, trainer: TrainerView) -> bool:
         is_main = trainer.is_global_zero
         self.set_main_process(is_main)
         return is_main or not self.main_process_only
 
     # --- the Trainer face ---------------------------------------------------------------------------
-    def _start_from_trainer(self, trainer: TrainerView, module: TrainModule) -> None:
+    def start_from_trainer(self, trainer: TrainerView, module: TrainModule) -> None:
+        """Start this tracker's run for a `Trainer` run (once; main process only, unless ``main_process_only=False``):
+        its name is the module's class; its hparams the module's and the DataModule's (`logged_hyperparameters`), unless the
+        Trainer has ``enable_autolog_hparams=False``."""
         if not self._should_run(trainer) or self.started:
             return
         if getattr(self, "logging_dir", None) is None:
@@ -399,19 +442,19 @@ class GeneralTracker(Callback):
                 self.store_init_configuration(hparams)
 
     def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
-        self._start_from_trainer(trainer, module)
+        self.start_from_trainer(trainer, module)
 
     def on_validation_start(self, trainer: TrainerView, module: TrainModule) -> None:
-        self._start_from_trainer(trainer, module)
+        self.start_from_trainer(trainer, module)
 
     def on_test_start(self, trainer: TrainerView, module: TrainModule) -> None:
-        self._start_from_trainer(trainer, module)
+        self.start_from_trainer(trainer, module)
 
     def on_log_metrics(self, trainer: TrainerView, module: TrainModule, metrics: dict[str, float], step: int) -> None:
         if not self._should_run(trainer):
             return
         if not self.started:
-            self._start_from_trainer(trainer, module)
+            self.start_from_trainer(trainer, module)
         self.log(metrics, step=step)
 
     def teardown(self, trainer: TrainerView, module: TrainModule, stage: str) -> None:

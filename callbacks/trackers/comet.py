@@ -16,7 +16,8 @@ class CometMLTracker(GeneralTracker):
     (or to ``experiment_config.offline_directory``) for a later ``comet upload``. Without an
     ``experiment_config`` the source-code upload is off (it would capture this module, not your
     script). Strings are logged
-    with ``log_text``. Before importing ``comet_ml`` this tracker sets, unless already set,
+    with ``log_text``. A dict value's entries are logged as Accelerate logs them, with ``log_metrics(value)``: under
+    their own names, without the dict's key (``{"eval": {"acc": 0.6}}`` is the metric ``acc``). Before importing ``comet_ml`` this tracker sets, unless already set,
     ``COMET_DISABLE_AUTO_LOGGING=1`` (metrics come from this framework, not from hooks into torch)
     and ``COMET_ERROR_TRACKING_ENABLE=false``. Needs ``pip install comet_ml``.
     """
@@ -45,9 +46,15 @@ class CometMLTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        numbers, texts = split_text(self.prepare_values(values))
+        top, groups = self.prepare_groups(values)
+        numbers, texts = split_text(top)
         if numbers:
             self._run.log_metrics(numbers, step=step, **kwargs)
+        for key, group in groups.items():  # as Accelerate's tracker: the dict's entries under their own names
+            group_numbers, group_texts = split_text(group)
+            if group_numbers:
+                self._run.log_metrics(group_numbers, step=step, **kwargs)
+            texts.update({f"{key}/{sub}": text for sub, text in group_texts.items()})
         for key, text in texts.items():
             self._run.log_text(text, step=step, metadata={"name": key})
 

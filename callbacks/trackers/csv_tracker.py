@@ -73,7 +73,7 @@ class CSVTracker(GeneralTracker):
 
     def _make_run_dir(self) -> Path:
         """``<logging_dir>/logs/<run_name>/version_<n>`` (the next free n)."""
-        return _new_version_dir(Path(self.resolved_logging_dir()) / "logs" / (self.run_name or "default"))
+        return new_version_dir(Path(self.resolved_logging_dir()) / "logs" / (self.run_name or "default"))
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -145,7 +145,7 @@ def _header_order(names: list[str]) -> list[str]:
     return head + [name for name in names if name not in head]
 
 
-def _new_version_dir(root: Path) -> Path:
+def new_version_dir(root: Path) -> Path:
     """Create and return ``root/version_<n>`` with the next free ``n`` (safe against a concurrent run)."""
     root.mkdir(parents=True, exist_ok=True)
     taken = [

@@ -15,7 +15,7 @@ from typing import Any
 
 from callbacks.trackers.base import on_main_process, require_package
 from callbacks.trackers.comet import CometMLTracker
-from callbacks.trackers.csv_tracker import CSVTracker, _new_version_dir
+from callbacks.trackers.csv_tracker import CSVTracker, new_version_dir
 from callbacks.trackers.mlflow import MLflowTracker
 from callbacks.trackers.tensorboard import TensorBoardTracker
 from callbacks.trackers.wandb import WandBTracker
@@ -37,7 +37,7 @@ def _refuse(logger: str, **unsupported: Any) -> None:
 
 def _version_dir(root: Path, version: int | str | None) -> Path:
     if version is None:
-        return _new_version_dir(root)
+        return new_version_dir(root)
     path = root / (version if isinstance(version, str) else f"version_{version}")
     path.mkdir(parents=True, exist_ok=True)
     return path

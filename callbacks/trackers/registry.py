@@ -35,7 +35,7 @@ class LoggerType(str, enum.Enum):
 LogWith = str | LoggerType | GeneralTracker | Iterable[str | LoggerType | GeneralTracker] | None
 
 _TRACKERS: dict[str, type[GeneralTracker]] = {}
-_BUILT_IN: tuple[type[GeneralTracker], ...] = ()  # set by callbacks.trackers: constructors taking (run_name, logging_dir)
+_BUILT_IN: list[type[GeneralTracker]] = []  # register_built_in's: constructors taking (run_name, logging_dir) by keyword
 _ALIASES = {"comet": "comet_ml", "comet-ml": "comet_ml", "tb": "tensorboard", "mlflow-skinny": "mlflow"}
 
 
@@ -62,6 +62,14 @@ def register_tracker_class(cls: type[GeneralTracker]) -> type[GeneralTracker]:
     return cls
 
 
+def register_built_in(*classes: type[GeneralTracker]) -> None:
+    """Register the trackers of this package (`callbacks.trackers` does, as it is imported): unlike Accelerate's
+    user trackers, their constructors take ``run_name`` and ``logging_dir`` by keyword."""
+    for cls in classes:
+        register_tracker_class(cls)
+    _BUILT_IN.extend(classes)
+
+
 def available_trackers() -> list[str]:
     """Names of registered trackers whose package is installed (what ``log_with="all"`` uses)."""
     return [name for name, cls in _TRACKERS.items() if _is_installed(cls)]
@@ -85,7 +93,7 @@ def _build(name: str, project_dir: str | None) -> GeneralTracker:
             f"Install it with: pip install {cls.pip_name or cls.package}",
             name=cls.package,
         )
-    if _takes_positional(cls) and not issubclass(cls, _BUILT_IN):  # Accelerate's contract, run name filled at start
+    if _takes_positional(cls) and not issubclass(cls, tuple(_BUILT_IN)):  # Accelerate's contract, run name filled at start
         return cls(None, project_dir) if cls.requires_logging_directory else cls(None)
     if cls.requires_logging_directory or _accepts_logging_dir(cls):
         return cls(logging_dir=project_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from callbacks.trackers.base import GeneralTracker, on_main_process, require_package, sanitize_config, split_text
+from callbacks.trackers.base import GeneralTracker, on_main_process, require_package, sanitize_config
 
 
 class SwanLabTracker(GeneralTracker):
@@ -50,12 +50,7 @@ class SwanLabTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        numbers, texts = split_text(self.prepare_values(values))
-        data: dict[str, Any] = dict(numbers)
-        if texts:
-            import swanlab
-
-            data.update({key: swanlab.Text(value) for key, value in texts.items()})
+        data = _with_text(self.prepare_tree(values))  # nested dicts as they are (SwanLab: "a/b"), as under Accelerate
         if data:
             self._run.log(data, step=step, **kwargs)
 
@@ -63,3 +58,18 @@ class SwanLabTracker(GeneralTracker):
     def finish(self) -> None:
         if self._run is not None:
             self._run.finish()
+
+
+def _with_text(tree: dict[str, Any]) -> dict[str, Any]:
+    """Strings (at any depth) as ``swanlab.Text``."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out[key] = _with_text(value)
+        elif isinstance(value, str):
+            import swanlab
+
+            out[key] = swanlab.Text(value)
+        else:
+            out[key] = value
+    return out

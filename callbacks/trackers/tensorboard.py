@@ -9,7 +9,12 @@ from callbacks.trackers.base import GeneralTracker, flat_config, on_main_process
 
 
 class TensorBoardTracker(GeneralTracker):
-    """Log scalars (``add_scalar``), strings (``add_text``) and the config (``add_hparams``).
+    """Log scalars (``add_scalar``), strings (``add_text``), dicts of scalars (``add_scalars``) and the config
+    (``add_hparams``).
+
+    As Accelerate's tracker: a dict value ``{"eval": {"acc": 0.6, "f1": 0.5}}`` goes to ``add_scalars("eval", ...)``,
+    which writes each entry to a sub-run folder ``<run>/eval_acc``, ``<run>/eval_f1``, under the tag ``eval``
+    (TensorBoard draws them as lines of one chart); a string inside it is text under ``eval/<key>``.
 
     Event files go to ``<logging_dir>/<run_name>``; the hyperparameters land in the same folder, in the
     event file and, as Accelerate writes them, in ``hparams.yml``.
@@ -47,9 +52,15 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        numbers, texts = split_text(self.prepare_values(values))
+        top, groups = self.prepare_groups(values)
+        numbers, texts = split_text(top)
         for key, value in numbers.items():
             self._run.add_scalar(key, value, global_step=step, **kwargs)
+        for key, group in groups.items():
+            group_numbers, group_texts = split_text(group)
+            if group_numbers:
+                self._run.add_scalars(key, group_numbers, global_step=step, **kwargs)
+            texts.update({f"{key}/{sub}": text for sub, text in group_texts.items()})
         for key, text in texts.items():
             self._run.add_text(key, text, global_step=step, **kwargs)
         self._run.flush()

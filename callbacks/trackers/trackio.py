@@ -14,7 +14,8 @@ class TrackioTracker(GeneralTracker):
     by default ``~/.cache/huggingface/trackio``. ``init_kwargs`` go to ``trackio.init``
     (``name``, ``space_id``, ``group``, ...); by default no dashboard is embedded and no GPU/CPU
     monitor thread is started. Trackio saves the config with the first logged row, so a config
-    stored after the first `log` cannot be recorded (a warning says so). Needs ``pip install trackio``.
+    stored after the first `log` cannot be recorded (a warning says so). A dict value is handed to Trackio nested,
+    as Accelerate hands it (stored nested in the row's JSON). Needs ``pip install trackio``.
     """
 
     name = "trackio"
@@ -37,7 +38,7 @@ class TrackioTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        prepared = self.prepare_values(values)
+        prepared = self.prepare_tree(values)  # nested dicts as they are, as under Accelerate
         if prepared:
             self._run.log(prepared, step=step, **kwargs)
 

@@ -14,7 +14,8 @@ class WandBTracker(GeneralTracker):
     logging directory is set and no ``dir`` is given, files go under it. For offline use set
     ``WANDB_MODE=offline`` in the environment before ``init_trackers``: the run is then written to
     ``wandb/offline-run-*/run-*.wandb`` for a later ``wandb sync``. `finish` also ends wandb's helper
-    process (``wandb.teardown()``), so none outlives training. Needs ``pip install wandb``.
+    process (``wandb.teardown()``), so none outlives training. A dict value is handed to ``wandb.log`` nested, as
+    Accelerate hands it (W&B shows ``{"eval": {"acc": 0.6}}`` as ``eval.acc``). Needs ``pip install wandb``.
     """
 
     name = "wandb"
@@ -37,7 +38,7 @@ class WandBTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        prepared = self.prepare_values(values)
+        prepared = self.prepare_tree(values)  # nested dicts as they are: wandb lays them out, as under Accelerate
         if prepared:
             self._run.log(prepared, step=step, **kwargs)
 

@@ -24,7 +24,12 @@ def test_tensorboard_round_trip(run_scenario, offline_env):
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     loss = events.Scalars("loss")
-    acc = events.Scalars("val/acc")
+    # the dict value {"val": {"acc": ...}} as Accelerate writes it (add_scalars): a sub-run folder val_acc, tag val
+    assert "val/acc" not in events.Tags()["scalars"] and "val" not in events.Tags()["scalars"]
+    sub_run = EventAccumulator(str(run_dir / "val_acc"), size_guidance={"scalars": 0})
+    sub_run.Reload()
+    assert sub_run.Tags()["scalars"] == ["val"]
+    acc = sub_run.Scalars("val")
     assert [event.step for event in loss] == list(STEPS)
     assert [event.step for event in acc] == list(STEPS)
     for event in loss:
@@ -47,3 +52,82 @@ def test_tensorboard_round_trip(run_scenario, offline_env):
     (note,) = text_events.Tensors("note/text_summary")
     assert note.step == 3
     assert note.tensor_proto.string_val[0].decode() == "hello"
+
+
+def _scalars_by_folder(root):
+    """{sub-run folder (relative): {tag: [(step, value), ...]}} of every event file under `root`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = {}
+    for folder in sorted({path.parent for path in root.rglob("events.out.tfevents.*")}):
+        events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        events.Reload()
+        out[str(folder.relative_to(root))] = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return out
+
+
+def test_a_dict_value_is_laid_out_as_accelerate_writes_it(offline_env):
+    """What transformers' no_trainer scripts log (``accelerator.log({"glue": eval_metric, "train_loss": ...})`` with
+    ``eval_metric = {"accuracy": ..., "f1": ...}``), through the Accelerator, against the calls Accelerate's
+    TensorBoardTracker.log makes on a SummaryWriter of the same run folder: add_scalar for a number, add_scalars for a
+    dict. Same sub-run folders, tags, steps and values."""
+    pytest.importorskip("tensorboard")
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    from trainer import Accelerator
+
+    logged = [({"glue": {"accuracy": 0.625, "f1": torch.tensor(0.5)}, "train_loss": torch.tensor(1.25), "epoch": 0}, 10),
+              ({"glue": {"accuracy": 0.75, "f1": 0.625}, "train_loss": 0.75, "epoch": 1}, 20)]
+    accelerator = Accelerator(log_with="tensorboard", project_dir=offline_env / "ours", cpu=True)
+    accelerator.init_trackers("glue_no_trainer")
+    for values, step in logged:
+        accelerator.log(values, step=step)
+    accelerator.end_training()
+
+    writer = SummaryWriter(log_dir=str(offline_env / "accelerate" / "glue_no_trainer"))  # Accelerate's calls, by hand
+    for values, step in logged:
+        for key, value in values.items():
+            if isinstance(value, dict):
+                writer.add_scalars(key, {k: float(v) for k, v in value.items()}, global_step=step)
+            else:
+                writer.add_scalar(key, float(value), global_step=step)
+    writer.close()
+
+    ours = _scalars_by_folder(offline_env / "ours" / "glue_no_trainer")
+    assert ours == _scalars_by_folder(offline_env / "accelerate" / "glue_no_trainer")
+    assert set(ours) == {".", "glue_accuracy", "glue_f1"}
+    assert ours["glue_accuracy"] == {"glue": [(10, 0.625), (20, 0.75)]}
+    assert set(ours["."]) == {"train_loss", "epoch"}
+
+
+def test_the_trainer_face_keeps_lightnings_flat_tags(offline_env):
+    """``self.log_dict({"val/acc": ..., ...})`` in a TrainModule: each entry its own tag in the run folder (Lightning's
+    log_dict flattens), no sub-run folders."""
+    pytest.importorskip("tensorboard")
+    import torch
+
+    from trainer import Trainer, TrainModule
+
+    class Module(TrainModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch).pow(2).mean()
+            self.log_dict({"metrics/loss": loss, "metrics/half": loss / 2})
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
+    trainer = Trainer(max_epochs=1, log_with="tensorboard", project_dir=offline_env / "fit", accelerator="cpu", log_every_n_steps=1,
+                      enable_progress_bar=False, enable_checkpointing=False)
+    trainer.fit(Module(), loader)
+    folders = _scalars_by_folder(offline_env / "fit")
+    assert len(folders) == 1
+    (tags,) = folders.values()
+    assert {"metrics/loss", "metrics/half"} <= set(tags)
+    assert [step for step, _ in tags["metrics/loss"]] == [0, 1]

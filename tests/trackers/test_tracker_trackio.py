@@ -28,4 +28,4 @@ def test_trackio_round_trip_keeps_steps(run_scenario, offline_env):
     for step, metrics in rows:
         values = json.loads(metrics)
         assert values["loss"] == pytest.approx(expected_loss(step), rel=1e-6)
-        assert values["val/acc"] == pytest.approx(expected_acc(step))
+        assert values["val"]["acc"] == pytest.approx(expected_acc(step))  # nested, as Accelerate hands it over

@@ -24,6 +24,9 @@ not. Every function-level import of the project's own modules says why it is not
 covers the run): an optional dependency behind it, the import cost of ``import trainer`` / the CLI, or an import
 cycle. One without such a reason (no cycle, and the module is loaded anyway) belongs at the top of its module.
 Optional third-party packages (deepspeed, torch_xla, tqdm, ...) imported inside functions need no comment.
+
+Nor does a module reach into another object's private attributes (``trainer._args``, ``finder._min_lr``): what crosses
+a module boundary has a public name (see "private attributes" below, and `ALLOWED_PRIVATE_REACHES`).
 """
 
 from __future__ import annotations
@@ -334,3 +337,193 @@ def test_no_module_over_800_lines() -> None:
     """A module that outgrows this holds several concerns: split it along them (docs/architecture.md)."""
     long = {module: n for module, path in _files().items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+# ---------------------------------------------------------------------------------------- private attributes
+# No module reaches into another object's private attributes: what crosses a module boundary is a public, named
+# contract (a property, a method, a small dataclass, a function). Read from the source with `ast`:
+#
+# * a private name (``_x``, not a dunder) belongs to the modules that define it: as ``self._x``/``cls._x``, in a class
+#   body, or at a module's top level (a function, a class, an assignment, an import alias);
+# * a reach is ``obj._x`` (read, written or deleted), ``getattr``/``setattr``/``hasattr``/``delattr(obj, "_x")`` or
+#   ``object.__setattr__(obj, "_x", ...)``, where `obj` is not ``self``/``cls`` and the module does not define ``_x``
+#   itself, and ``_x`` is a name some module of the project defines (``module._buffers``, torch's, is none of ours); a
+#   receiver that is a third-party module (``torch.autograd._profiler_enabled``) is that package's business; and
+#   ``from <our module> import _x``.
+#
+# What is left is listed below as "path:function:receiver._x" -> why, each a deliberate reach into a third-party
+# object's internal whose private name happens to be one of ours too, with a comment at the place; an entry that no
+# longer matches fails (`test_every_allowed_private_reach_is_still_needed`).
+ALLOWED_PRIVATE_REACHES: dict[str, str] = {
+    "strategies/deepspeed.py:DeepSpeedStrategy._load_resharded:engine._config": (
+        "DeepSpeed's engine: load_checkpoint reads engine._config.load_universal_checkpoint, which has no public setter "
+        "(engine.load_universal_checkpoint() only reads it); set for one load and reset (our own `_config` is "
+        "DeepSpeedPlugin's, in trainer/accelerator/config.py)"
+    ),
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _top_level(tree: ast.Module) -> list[ast.stmt]:
+    """The module's statements outside functions and classes (through ``if``/``try``/``with`` blocks)."""
+    found: list[ast.stmt] = []
+    todo = list(tree.body)
+    while todo:
+        stmt = todo.pop()
+        found.append(stmt)
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            todo.extend(child for child in ast.iter_child_nodes(stmt) if isinstance(child, ast.stmt))
+            if isinstance(stmt, ast.Try):
+                todo.extend(s for handler in stmt.handlers for s in handler.body)
+    return found
+
+
+def _defined_private_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+
+    def assigned(targets: list[ast.expr]) -> None:
+        names.update(leaf.id for target in targets for leaf in ast.walk(target) if isinstance(leaf, ast.Name))
+
+    for stmt in _top_level(tree):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in stmt.names)
+        elif isinstance(stmt, ast.Assign):
+            assigned(stmt.targets)
+        elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+            assigned([stmt.target])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(stmt.name)
+                elif isinstance(stmt, ast.Assign):
+                    assigned(stmt.targets)
+                elif isinstance(stmt, ast.AnnAssign):
+                    assigned([stmt.target])
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_own(node.value):
+            names.add(node.attr)
+    return {name for name in names if _is_private(name)}
+
+
+def _is_own(receiver: ast.expr) -> bool:
+    """``self``, ``cls`` or ``super()``: the object's own attributes."""
+    if isinstance(receiver, ast.Name):
+        return receiver.id in ("self", "cls")
+    return isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and receiver.func.id == "super"
+
+
+def _third_party_names(tree: ast.Module) -> set[str]:
+    """Names a module binds to a third-party module or its members (``import torch``, ``from torch import nn``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name.split(".")[0] not in PACKAGES)
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] not in PACKAGES:
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _root(receiver: ast.expr) -> str | None:
+    while isinstance(receiver, (ast.Attribute, ast.Call, ast.Subscript)):
+        receiver = receiver.func if isinstance(receiver, ast.Call) else receiver.value
+    return receiver.id if isinstance(receiver, ast.Name) else None
+
+
+def _reaches(relative: str, tree: ast.Module, ours: set[str]) -> list[tuple[str, int]]:
+    """``("path:function:receiver._x", line)`` of each reach of `tree` (see above) into the private names `ours`."""
+    own, third_party = _defined_private_names(tree), _third_party_names(tree)
+    found: list[tuple[str, int]] = []
+
+    def reach(receiver: ast.expr, name: str, where: str, line: int) -> None:
+        if _is_private(name) and name in ours and name not in own and not _is_own(receiver) and _root(receiver) not in third_party:
+            found.append((f"{relative}:{where}:{ast.unparse(receiver)}.{name}", line))
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = child.name if where == "<module>" else f"{where}.{child.name}"
+            if isinstance(child, ast.Attribute):
+                reach(child.value, child.attr, where, child.lineno)
+            elif isinstance(child, ast.Call) and len(child.args) >= 2 and isinstance(child.args[1], ast.Constant) \
+                    and isinstance(child.args[1].value, str):
+                func = child.func
+                by_name = isinstance(func, ast.Name) and func.id in ("getattr", "setattr", "hasattr", "delattr")
+                by_object = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object" \
+                    and func.attr in ("__setattr__", "__getattribute__", "__delattr__")
+                if by_name or by_object:
+                    reach(child.args[0], child.args[1].value, where, child.lineno)
+            elif isinstance(child, ast.ImportFrom) and not child.level and (child.module or "").split(".")[0] in PACKAGES:
+                found.extend((f"{relative}:{where}:{child.module}.{alias.name}", child.lineno) for alias in child.names if _is_private(alias.name))
+            visit(child, inner)
+
+    visit(tree, "<module>")
+    return found
+
+
+@cache
+def _trees() -> dict[str, ast.Module]:
+    return {str(path.relative_to(ROOT)): ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in _files().values()}
+
+
+@cache
+def _private_reaches() -> tuple[tuple[str, int], ...]:
+    trees = _trees()
+    ours = set().union(*(_defined_private_names(tree) for tree in trees.values()))
+    return tuple(found for relative, tree in trees.items() for found in _reaches(relative, tree, ours))
+
+
+def test_no_module_reaches_into_another_objects_private_attributes() -> None:
+    offenders = [f"{key} (line {line})" for key, line in _private_reaches() if key not in ALLOWED_PRIVATE_REACHES]
+    assert not offenders, (
+        "reaches into private attributes defined elsewhere (give the crossing a public name: a property, a method, a "
+        "small dataclass, a function argument; or, for a third-party object's internal, an ALLOWED_PRIVATE_REACHES entry "
+        "saying why):\n  " + "\n  ".join(offenders)
+    )
+
+
+def test_every_allowed_private_reach_is_still_needed() -> None:
+    stale = sorted(set(ALLOWED_PRIVATE_REACHES) - {key for key, _ in _private_reaches()})
+    assert not stale, f"remove {stale} from ALLOWED_PRIVATE_REACHES: the reach is gone"
+
+
+def test_the_reach_finder_sees_reads_writes_getattr_and_imports_but_not_own_or_third_party_attributes() -> None:
+    owner = """\
+import torch
+_table = {}
+class Part:
+    _cache = None
+    def __init__(self):
+        self._state = 0
+    def _step(self):
+        return self._state, torch._C, super()._step()
+"""
+    reacher = """\
+import torch
+from trainer.x import _table, Part
+class Other:
+    def __init__(self):
+        self._mine = 1
+    def run(self, part, peer):
+        part._state += 1
+        peer._mine = 2
+        torch.autograd._step()
+        getattr(part, "_cache", None)
+        object.__setattr__(part, "_cache", 1)
+        return part._step(), part._buffers, part.__dict__
+def helper(part):
+    del part._cache
+"""
+    ours = _defined_private_names(ast.parse(owner)) | _defined_private_names(ast.parse(reacher))
+    assert ours == {"_table", "_cache", "_state", "_step", "_mine"}
+    found = [key for key, _ in _reaches("r.py", ast.parse(reacher), ours)]
+    assert found == [
+        "r.py:<module>:trainer.x._table", "r.py:Other.run:part._state", "r.py:Other.run:part._cache",
+        "r.py:Other.run:part._cache", "r.py:Other.run:part._step", "r.py:helper:part._cache",
+    ]
+    assert not _reaches("o.py", ast.parse(owner), ours)

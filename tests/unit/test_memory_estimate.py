@@ -6,6 +6,7 @@ representative handful. The 2-process FSDP2/DDP check is tests/distributed/test_
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -23,12 +24,13 @@ from trainer.utils import estimate_memory
 
 SINGLE = [  # (model, precision, activation checkpointing, optimizer)
     ("llama", "32-true", False, "adamw"),
-    ("llama", "bf16-mixed", True, "sgd"),
+    ("llama", "bf16-mixed", True, "sgd"),  # torch's SGD: no momentum, no state
+    ("llama", "32-true", False, functools.partial(torch.optim.SGD, momentum=0.9)),  # a momentum buffer per parameter
     ("mlp", "bf16-true", False, "adamw"),
 ]
 
 
-def _setup(model: str, precision: str, ac: bool, optimizer: str, strategy: str = "single", processes: int = 1) -> Setup:
+def _setup(model: str, precision: str, ac: bool, optimizer: object, strategy: str = "single", processes: int = 1) -> Setup:
     shape = (32,) if model == "llama" else (8, 512)
     return Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
                  activation_checkpointing=ac, batch_size=2, shape=shape, device="cpu")
@@ -54,11 +56,63 @@ def test_estimate_is_within_10_percent_of_the_measured_peak_and_breakdown(one_th
         model = _model(name)
         estimate = estimate_setup(meta_copy(model), setup)
         measured = measure_iteration(model, setup)
-        label = f"{name} {precision} ac={ac} {optimizer}"
+        label = f"{name} {precision} ac={ac} {setup.optimizer.name}"
         assert estimate.peak == pytest.approx(measured.peak, rel=0.10), label
         assert estimate.parameters == pytest.approx(measured.parameters, rel=0.10), label
         assert estimate.optimizer == pytest.approx(measured.optimizer, rel=0.10), label
         assert estimate.weights_only < 0.5 * measured.peak, label  # activations and temporaries dominate these runs
+
+
+def test_sgd_means_torchs_default_no_momentum_and_momentum_is_asked_for(one_thread):
+    """The short names are torch's classes with torch's defaults: ``sgd`` holds no state (torch.optim.SGD's momentum is
+    0); momentum, asked for as a class path and its keyword arguments, holds one float32 buffer per parameter."""
+    model = _model("llama")
+    params = sum(p.numel() for p in model.parameters())
+    plain = estimate_memory(model, optimizer="sgd", seq_len=32, batch_size=2, device="cpu")
+    momentum = estimate_memory(model, optimizer="torch.optim.SGD", optimizer_kwargs={"momentum": 0.9}, seq_len=32, batch_size=2, device="cpu")
+    partial = estimate_memory(model, optimizer=functools.partial(torch.optim.SGD, momentum=0.9), seq_len=32, batch_size=2, device="cpu")
+    assert plain.optimizer == 0 and plain.optimizer_name == "sgd"
+    assert momentum.optimizer == partial.optimizer == 4 * params
+    assert momentum.optimizer_name == "torch.optim.SGD(momentum=0.9)"
+    assert momentum.peak == partial.peak > plain.peak
+
+
+def _muon_on_matrices(params):
+    return torch.optim.Muon([p for p in params if p.ndim == 2])  # torch's Muon takes 2-D parameters only
+
+
+def test_every_torch_optimizer_is_estimated_within_10_percent_of_a_measured_iteration(one_thread):
+    """Each torch.optim class (by its short name, torch's defaults) on the tiny Llama: the real ``step()`` on fake
+    tensors against one measured iteration. Adafactor and ASGD read their step count out of a tensor (a fake one has
+    none); LBFGS and SparseAdam cannot step as a training loop does and are refused (below)."""
+    from trainer.planning.optimizers import short_names
+
+    names = sorted(set(short_names()) - {"lbfgs", "sparseadam", "muon"})
+    assert {"adafactor", "asgd", "sgd", "adamw", "rprop"} <= set(names)
+    for optimizer in [*names, _muon_on_matrices]:
+        setup = Setup(strategy="single", num_processes=1, precision="32-true", optimizer=optimizer,
+                      activation_checkpointing=False, batch_size=1, shape=(16,), device="cpu")
+        model = _model("llama")
+        estimate = estimate_setup(meta_copy(model), setup)
+        measured = measure_iteration(model, setup)
+        assert estimate.peak == pytest.approx(measured.peak, rel=0.10), setup.optimizer.name
+        assert estimate.optimizer == pytest.approx(measured.optimizer, rel=0.10), setup.optimizer.name
+
+
+@pytest.mark.parametrize(("optimizer", "kwargs", "error", "words"), [
+    ("nesterov", None, ValueError, "not a torch.optim short name"),
+    ("torch.optim.Nope", None, ValueError, "could not be imported"),
+    ("adamw", {"momentum": 0.9}, TypeError, "unexpected keyword argument 'momentum'"),
+    ("sgd", {"lr": -1}, ValueError, "Invalid learning rate"),
+    ("lbfgs", None, ValueError, "closure"),
+    ("sparseadam", None, ValueError, "sparse gradients"),
+    ("muon", None, ValueError, "p.ndim == 2"),
+    (3, None, TypeError, "callable params -> Optimizer"),
+    ("sgd", [("momentum", 0.9)], TypeError, "must be a dict"),
+])
+def test_a_bad_optimizer_is_named_with_the_fix(optimizer, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        estimate_memory(_model("llama"), optimizer=optimizer, optimizer_kwargs=kwargs, seq_len=16)
 
 
 def test_a_deep_model_is_traced_with_a_few_blocks_and_extrapolated_exactly():
@@ -81,6 +135,19 @@ def test_cli_prints_json_and_a_table(tmp_path, capsys):
     assert "peak" in capsys.readouterr().out
     assert main(["estimate-memory", *args, "--strategy", "single", "--num_processes", "2"]) == 2
     assert "use strategy='ddp'" in capsys.readouterr().err
+    params = sum(p.numel() for p in tiny_llama().parameters())
+    sgd = [*args, "--json", "--optimizer", "torch.optim.SGD"]
+    assert main(["estimate-memory", *sgd]) == 0
+    assert json.loads(capsys.readouterr().out)["per_process"]["optimizer"] == 0
+    assert main(["estimate-memory", *sgd, "--optimizer_kwargs", "momentum=0.9", "nesterov=True"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["per_process"]["optimizer"] == 4 * params
+    assert out["config"]["optimizer"] == "torch.optim.SGD(momentum=0.9, nesterov=True)"
+    assert main(["estimate-memory", *sgd, "--optimizer_kwargs", "momentum"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["estimate-memory", "--help"])
+    assert "sgd = SGD without momentum" in " ".join(capsys.readouterr().out.split())
 
 
 def test_budget_lists_what_fits_first_and_says_why_the_rest_does_not():

@@ -78,6 +78,7 @@ def test_logger_false_is_kept_out_of_the_loggers() -> None:
     [
         ({"value": torch.ones(3)}, ValueError, "tensor of shape \\(3,\\)"),
         ({"value": "high"}, TypeError, "value of type str"),
+        ({"value": {"acc": 0.5}}, TypeError, r"got a dict; .*self\.log_dict\(\{'name/<key>'"),
         ({"value": 1.0, "reduce_fx": "median"}, ValueError, "reduce_fx='median'"),
         ({"value": 1.0, "on_step": False, "on_epoch": False}, ValueError, "logs nothing"),
         ({"value": 1.0, "batch_size": 0}, ValueError, "batch_size=0"),

@@ -212,7 +212,7 @@ def test_lr_find_early_stop_and_plot(tmp_path: Path) -> None:
     module = Regression(momentum=0.0)
     finder = Tuner(trainer).lr_find(module, min_lr=1e-3, max_lr=1e8, num_training=80, early_stop_threshold=None)
     assert finder is not None and len(finder.results["loss"]) == 80 and not all(map(math.isfinite, finder.results["loss"]))
-    assert finder.suggestion() is not None and trainer._args.on_nonfinite == "stop"
+    assert finder.suggestion() is not None and trainer.run_state.loss_health.policy == trainer.args.on_nonfinite == "stop"
     module.lr = 1e12
     with pytest.raises(FloatingPointError, match="not finite"):
         trainer.fit(module)
@@ -353,3 +353,20 @@ def test_is_oom_error_is_lightnings() -> None:
     assert is_oom_error(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."))
     assert not is_oom_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_oom_error(ValueError("CUDA out of memory"))
+
+
+def test_the_finders_settings_are_a_frozen_record_of_their_checked_arguments() -> None:
+    import dataclasses
+
+    from callbacks.batch_size_finder import BatchSizeFinderSettings
+    from callbacks.lr_finder import LRFinderSettings
+
+    lr = LearningRateFinder(min_lr=1e-6, max_lr=2, num_training_steps=7, mode="LINEAR", early_stop_threshold=None, attr_name="rate")
+    assert lr.settings == LRFinderSettings(min_lr=1e-6, max_lr=2.0, num_training_steps=7, mode="linear", early_stop_threshold=None,
+                                           attr_name="rate")
+    assert LearningRateFinder().settings == LRFinderSettings() and not LearningRateFinder().early_exit
+    size = BatchSizeFinder(mode="BinSearch", init_val=4, margin=0.1, batch_arg_name="bs")
+    assert size.settings == BatchSizeFinderSettings(mode="binsearch", init_val=4, margin=0.1, batch_arg_name="bs")
+    assert BatchSizeFinder().settings == BatchSizeFinderSettings() and not BatchSizeFinder().early_exit
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lr.settings.max_lr = 3.0  # type: ignore[misc]

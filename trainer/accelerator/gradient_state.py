@@ -62,12 +62,6 @@ class GradientState:
             self._accelerator.gradient_plugin = gradient_accumulation_plugin
             self._accelerator.stepper.configure(gradient_accumulation_plugin)
 
-    @classmethod
-    def _of(cls, accelerator: Accelerator) -> GradientState:
-        view = object.__new__(cls)
-        view._accelerator = accelerator
-        return view
-
     # the accumulation window (the Stepper's) ----------------------------------------------------------
     @property
     def sync_gradients(self) -> bool:
@@ -121,9 +115,9 @@ class GradientState:
         """``None``, then the prepared loaders in a pass, in the order their passes began (the last is active)."""
         passes = {}
         for loader in self._accelerator.prepared.dataloaders:
-            progress = getattr(loader, "_progress", None)
-            if progress is not None and progress.started:
-                passes[progress.started] = progress.running
+            running = getattr(loader, "pass_in_progress", None)
+            if running is not None:
+                passes[running[0]] = running[1]
         return [None, *(passes[k] for k in sorted(passes))]
 
     @property
@@ -150,6 +144,14 @@ class GradientState:
     def __repr__(self) -> str:
         return (f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
                 f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n")
+
+
+def gradient_state_of(accelerator: Accelerator) -> GradientState:
+    """The `GradientState` view an `Accelerator` returns as ``accelerator.gradient_state``: of that accelerator, not of
+    the one made last (which ``GradientState()`` reads)."""
+    view = object.__new__(GradientState)
+    view._accelerator = accelerator
+    return view
 
 
 __all__ = ["GradientState"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, Self
+from typing import Any
 
 import torch
 
@@ -222,12 +222,6 @@ class PartialState(ProcessLayout):
         _shared.clear()
         _debug.clear()
 
-    @classmethod
-    def _of(cls, strategy: Strategy) -> Self:
-        view = object.__new__(cls)
-        view._strategy = strategy
-        return view
-
     @property
     def strategy(self) -> Strategy:  # type: ignore[override]  # read-only here
         return self._strategy
@@ -277,6 +271,19 @@ class AcceleratorState(PartialState):
         plugin = DeepSpeedPlugin(zero_stage=getattr(self.strategy, "zero_stage", None))
         plugin.bind(config)
         return plugin
+
+
+def accelerator_state_of(strategy: Strategy) -> AcceleratorState:
+    """The read-only view of `strategy`'s layout an `Accelerator` returns as ``accelerator.state``: its own strategy's,
+    not the process's shared one (which a later `Accelerator` replaces)."""
+    view = object.__new__(AcceleratorState)
+    view._strategy = strategy
+    return view
+
+
+def is_initialized() -> bool:
+    """Whether this process's layout is set up (an `Accelerator` or a `PartialState()` was made), as Accelerate's."""
+    return bool(_shared)
 
 
 def debug_mode() -> bool:

@@ -111,6 +111,16 @@ class Checkpointing(ProcessLayout):
         """
         return _add_hook(self._load_state_pre_hooks, hook, "register_load_state_pre_hook", "hook(models, input_dir)")
 
+    @property
+    def save_state_pre_hooks(self) -> list[Callable[..., None]]:
+        """The hooks of `register_save_state_pre_hook` not removed, in the order `save_state` calls them."""
+        return list(self._save_state_pre_hooks.values())
+
+    @property
+    def load_state_pre_hooks(self) -> list[Callable[..., None]]:
+        """The hooks of `register_load_state_pre_hook` not removed, in the order `load_state` calls them."""
+        return list(self._load_state_pre_hooks.values())
+
     def save_state(
         self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *, extra_state: dict[str, Any] | None = None,
         async_save: bool = False,

@@ -328,7 +328,7 @@ def _collect_weights(accelerator: Accelerator, final: Path, manifest: dict[str, 
     """
     strategy, models = accelerator.strategy, accelerator.prepared.models
     optimizers = [opt.optimizer for opt in accelerator.prepared.optimizers]
-    hooks = list(accelerator._save_state_pre_hooks.values())
+    hooks = accelerator.save_state_pre_hooks
     main = strategy.rank == 0
     if not hooks:
         return strategy.collect_checkpoint(models, optimizers, staging)
@@ -378,7 +378,7 @@ def _call_save_hooks(hooks: list[Any], models: list[Any], weights: list[Any], fi
 
 def _run_load_hooks(accelerator: Accelerator, path: Path) -> list[Any]:
     """Call the load-state pre-hooks (`Accelerator.register_load_state_pre_hook`); the models whose weights load from `path`."""
-    hooks = list(accelerator._load_state_pre_hooks.values())
+    hooks = accelerator.load_state_pre_hooks
     if not hooks:
         return list(accelerator.prepared.models)
     full = _full_weights(accelerator)

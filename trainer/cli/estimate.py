@@ -30,7 +30,16 @@ def add_estimate_parser(subparsers: Any) -> None:
     parser.add_argument("--strategy", default="single", choices=_STRATEGIES)
     parser.add_argument("--num_processes", type=int, default=1, help="processes of the run (default 1)")
     parser.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed", "bf16-true"))
-    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
+    parser.add_argument(
+        "--optimizer", default="adamw",
+        help="the optimizer the run steps: a torch.optim short name with torch's defaults (adamw, adam, sgd = SGD without "
+        "momentum, so no state; adagrad, rmsprop, ...; default adamw), or a class path (torch.optim.SGD, mypkg.optim:Lion)",
+    )
+    parser.add_argument(
+        "--optimizer_kwargs", nargs="+", default=None, metavar="KEY=VALUE",
+        help="keyword arguments for --optimizer, Python literals, e.g. --optimizer torch.optim.SGD --optimizer_kwargs "
+        "momentum=0.9 nesterov=True",
+    )
     parser.add_argument("--activation_checkpointing", action="store_true", help="recompute each repeated block in backward")
     parser.add_argument("--batch_size", type=int, default=1, help="samples per process (default 1)")
     shape = parser.add_mutually_exclusive_group(required=True)
@@ -59,12 +68,14 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from trainer.planning.memory import estimate_memory, read_size  # lazy: torch only when the command runs
+    from trainer.planning.optimizers import parse_kwargs  # lazy: torch only when the command runs
 
+    args.optimizer_kwargs = parse_kwargs(args.optimizer_kwargs or ())
     if args.budget is not None:
         return _run_plan(args, read_size(args.budget))
     estimate = estimate_memory(
         args.model, strategy=args.strategy, num_processes=args.num_processes, precision=args.precision, optimizer=args.optimizer,
-        activation_checkpointing=args.activation_checkpointing, batch_size=args.batch_size, seq_len=args.seq_len,
+        optimizer_kwargs=args.optimizer_kwargs, activation_checkpointing=args.activation_checkpointing, batch_size=args.batch_size, seq_len=args.seq_len,
         input_shape=args.input_shape, device=args.device,
     )
     if args.json:
@@ -96,7 +107,7 @@ def _run_plan(args: argparse.Namespace, budget: int) -> int:
 
     shape = (args.seq_len,) if args.seq_len is not None else args.input_shape
     setup = check_setup(strategy="ddp", num_processes=args.num_processes, precision=args.precision, optimizer=args.optimizer,
-                        activation_checkpointing=False, batch_size=args.batch_size, device=args.device, shape=shape)
+                        optimizer_kwargs=args.optimizer_kwargs, activation_checkpointing=False, batch_size=args.batch_size, device=args.device, shape=shape)
     plans = plan_memory(load_meta_model(args.model), budget=budget, max_processes=setup.num_processes,
                         global_batch_size=setup.batch_size * setup.num_processes, shape=shape, optimizer=setup.optimizer,
                         device=setup.device)

@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from trainer.cli.config import add_setting_arguments, default_config_path, resolve_settings
+from trainer.cli.rounds import tokens_per_round
 from trainer.cli.settings import LaunchSettings
 
 DEFAULT_MULTI_NODE_PORT = 29500
@@ -313,7 +314,7 @@ def run_elastic(settings: LaunchSettings, torchrun_args: Sequence[str]) -> int:
 
     reports = tempfile.TemporaryDirectory(prefix="trainwright-faults-")
     env = {**worker_environment(settings), "TRAINWRIGHT_FAULT_DIR": reports.name}  # workers leave hang reports there
-    with reports, patched_environ(env), forwarding_user_signals():
+    with reports, patched_environ(env), forwarding_user_signals(), tokens_per_round():
         config, cmd, cmd_args = torchrun.config_from_args(torchrun.parse_args(list(torchrun_args)))
         try:
             from torch.distributed.launcher.api import elastic_launch

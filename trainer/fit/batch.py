@@ -59,7 +59,7 @@ class TrainBatch:
         self.stepper = acc.stepper
         self.agreement = trainer.agreement
         self.module = module = trainer.attached_module
-        self.results = trainer._results
+        self.results = trainer.results
         strategy, model = acc.strategy, trainer.model_setup.model  # set up before any batch runs
         self.models = [model]
         # the step, through the wrapper's forward when the strategy needs its hooks (DDP, FSDP), else the method itself
@@ -74,7 +74,7 @@ class TrainBatch:
         self.manual_step = self._in_precision(module.training_step)
         self.backward = self.stepper.backward
         self.optimizer_step = self._optimizer_step
-        self.check_nonfinite = trainer._args.on_nonfinite is not None  # the opt-in per-batch agreement
+        self.check_nonfinite = trainer.run_state.loss_health.policy is not None  # the opt-in per-batch agreement
         # without it: a device-side flag of the losses trained on, read where the loop synchronizes anyway
         self.loss_health = state.loss_health
         self.watch_losses = not self.check_nonfinite and not self.loss_health.warned_nonfinite
@@ -124,7 +124,7 @@ class TrainBatch:
         if "on_train_batch_end" in hooks:
             hooks["on_train_batch_end"](self.results.detached(output), batch, batch_idx)
         if boundary and (progress.batches_that_stepped + 1) % trainer.log_every_n_steps == 0:
-            trainer._send_to_trackers(self.results.flush_step(), progress.batches_that_stepped)
+            trainer.send_to_trackers(self.results.flush_step(), progress.batches_that_stepped)
         if boundary and self.agreement.due():
             return not self.agreement.agree(self.state)
         return True
@@ -376,7 +376,7 @@ def _on_nonfinite(trainer: Trainer, loss: Any, batch_idx: int) -> None:
     value = float(loss.detach().float().flatten()[0]) if loss is not None else None
     state = trainer.run_state
     where = f"step {state.global_step}, epoch {state.current_epoch}, batch {batch_idx}"
-    if trainer._args.on_nonfinite == "stop":
+    if trainer.run_state.loss_health.policy == "stop":
         bad = next((name for name, p in trainer.attached_module.named_parameters() if not bool(torch.isfinite(p.detach()).all())), None)
         weights = f"parameter {bad!r} is already non-finite" if bad else "the parameters are still finite"
         raise FloatingPointError(
@@ -431,7 +431,7 @@ def manual_backward(trainer: Trainer, loss: torch.Tensor, **kwargs: Any) -> None
     with profile(trainer, "backward"):
         trainer.accelerator.backward(loss, **kwargs)
     health = trainer.run_state.loss_health
-    if trainer.args.on_nonfinite is None and not health.warned_nonfinite:
+    if health.policy is None and not health.warned_nonfinite:
         health.watch(loss)  # (after the backward, which refuses a loss that is not a scalar)
     trainer.dispatch.call("on_after_backward")
 

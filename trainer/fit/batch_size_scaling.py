@@ -73,7 +73,7 @@ class _Search:
             trainer.loaders.val_limits = [min(self.steps_per_trial, n) for n in trainer.loaders.val_limits]
         else:
             kind = {"validation": "val"}.get(self.stage, self.stage)
-            self.eval_loaders = [trainer.loaders.eval_loader(loader) for loader in loops.loader_from(self.module, kind, None, required=True)]
+            self.eval_loaders = [trainer.loaders.eval_loader(loader) for loader in loops.loader_from(self.module, kind, None, required=True, datamodule=trainer.datamodule)]
 
     def dataset_length(self) -> int | None:
         """The samples in the loaders (Lightning's ``_dataset_length``: the sum over loaders); None for streams."""
@@ -94,7 +94,7 @@ class _Search:
         if self.stage == "fit":
             run_training(trainer, [], max_steps=self.steps_per_trial, val_loaders=self.val_loaders)
         else:
-            trainer._dispatch = HookDispatcher(self.module, TrainModule, [], trainer)
+            trainer.dispatch = HookDispatcher(self.module, TrainModule, [], trainer)
             loops.eval_loop(trainer, self.stage, self.eval_loaders, [self.steps_per_trial] * len(self.eval_loaders), keep_predictions=False)
 
     def fits(self) -> bool:
@@ -111,7 +111,7 @@ class _Search:
     def adjust(self, *, factor: float = 1.0, value: int | None = None, desc: str | None = None, max_val: int = 8192) -> tuple[int, bool]:
         """Lightning's ``_adjust_batch_size``: the next size (`value`, or the current one times `factor`, at most
         `max_val`), unchanged once the current size covers the data set; returns ``(size, changed)``."""
-        size = int(get_attr(self.module, self.batch_arg_name))
+        size = int(get_attr(self.module, self.batch_arg_name, datamodule=self.trainer.datamodule))
         if not self.measured:  # the data set's length, from loaders of any size
             self.reload()
             self.length, self.measured = self.dataset_length(), True
@@ -124,7 +124,7 @@ class _Search:
             new = max_val
         if desc:
             log.info(f"Batch size {size} {desc}, trying batch size {new}")
-        set_attr(self.module, self.batch_arg_name, new)
+        set_attr(self.module, self.batch_arg_name, new, datamodule=self.trainer.datamodule)
         self.reload()  # the next trial runs at the new size (Lightning's first trial runs at the size the module had)
         return new, new != size
 
@@ -135,7 +135,7 @@ def scale_batch_size(
 ) -> int | None:
     """Run the search inside `trainer`'s running ``fit``/``validate``/``test``/``predict`` and put the run back."""
     stage = trainer.run_state.stage or "fit"
-    if trainer._args.fast_dev_run:
+    if trainer.args.fast_dev_run:
         log.warning("Skipping batch size scaler since `fast_dev_run` is enabled.")
         return None
     _check(trainer, module, stage, batch_arg_name)
@@ -161,7 +161,7 @@ def _check(trainer: Trainer, module: TrainModule, stage: str, batch_arg_name: st
             f"{kind}_dataloader(): loaders passed to {stage}() directly cannot change size. Build them in "
             f"{kind}_dataloader() from self.{batch_arg_name}, or remove the finder"
         )
-    if not has_attr(module, batch_arg_name):
+    if not has_attr(module, batch_arg_name, datamodule=trainer.datamodule):
         raise AttributeError(
             f"batch_arg_name={batch_arg_name!r} is neither an attribute of {type(module).__name__}, a key of its hparams, "
             f"nor an attribute of the datamodule; keep the batch size there under that name"
@@ -226,5 +226,5 @@ def _binsearch(search: _Search, size: int, max_trials: int, margin: float, max_v
         if reduced != size:
             log.info(f"Applying margin of {margin:.1%}, reducing batch size from {size} to {reduced}")
             size = reduced
-            set_attr(search.module, search.batch_arg_name, size)
+            set_attr(search.module, search.batch_arg_name, size, datamodule=search.trainer.datamodule)
     return size

@@ -186,9 +186,8 @@ class SaveConfigCallback(Callback):
         if self.save_to_log_dir:
             # the first tracker's run starts now (not at on_fit_start), so that trainer.log_dir is its run directory
             # (``logs/<Module>/version_<n>``), where Lightning puts the config too: a new run writes a new directory
-            start = getattr(trainer.logger, "_start_from_trainer", None)
-            if callable(start):
-                start(trainer, module)
+            if trainer.logger is not None:
+                trainer.logger.start_from_trainer(trainer, module)
             log_dir = trainer.strategy.broadcast_object(trainer.log_dir)
             config_path = os.path.join(log_dir, self.config_filename)
             if not self.overwrite:

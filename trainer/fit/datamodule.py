@@ -31,7 +31,7 @@ class DataModule:
         self.prepare_data_per_node: bool = True
         self.hparams: AttributeDict = AttributeDict()
         self.trainer: Any = None
-        self._log_hyperparams = True
+        self.hparams_to_trackers = True  # `save_hyperparameters(logger=False)` keeps them from the trackers
 
     save_hyperparameters = TrainModule.save_hyperparameters
 

@@ -31,7 +31,7 @@ def to_torchscript(module: TrainModule, file_path: str | os.PathLike[str] | None
     if method not in ("script", "trace"):
         raise ValueError(f"The 'method' parameter only supports 'script' or 'trace', but value given was: {method}")
     training = module.training
-    module._jit_is_scripting = True
+    module.jit_is_scripting = True
     try:
         if method == "script":
             scripted = torch.jit.script(module.eval(), **kwargs)
@@ -39,7 +39,7 @@ def to_torchscript(module: TrainModule, file_path: str | os.PathLike[str] | None
             inputs = _example(module, example_inputs, "to_torchscript(method='trace')")
             scripted = torch.jit.trace(module.eval(), example_inputs=inputs, **kwargs)
     finally:
-        module._jit_is_scripting = False
+        module.jit_is_scripting = False
         module.train(training)
     if file_path is not None:
         torch.jit.save(scripted, os.fspath(file_path))

@@ -24,21 +24,22 @@ def run_finder(trainer: Trainer, finder: LearningRateFinder | BatchSizeFinder, m
     from callbacks.lr_finder import LearningRateFinder
 
     if isinstance(finder, LearningRateFinder):
+        lr = finder.settings
         found = lr_find(
-            trainer, module, min_lr=finder._min_lr, max_lr=finder._max_lr, num_training=finder._num_training_steps,
-            mode=finder._mode, early_stop_threshold=finder._early_stop_threshold, update_attr=finder._update_attr,
-            attr_name=finder._attr_name,
+            trainer, module, min_lr=lr.min_lr, max_lr=lr.max_lr, num_training=lr.num_training_steps, mode=lr.mode,
+            early_stop_threshold=lr.early_stop_threshold, update_attr=lr.update_attr, attr_name=lr.attr_name,
         )
-        if getattr(finder, "_early_exit", False):
+        if finder.early_exit:
             finder.optimal_lr = found
             raise TunerExit
         return found
     if isinstance(finder, BatchSizeFinder):
+        bs = finder.settings
         size = scale_batch_size(
-            trainer, module, mode=finder._mode, steps_per_trial=finder._steps_per_trial, init_val=finder._init_val,
-            max_trials=finder._max_trials, batch_arg_name=finder._batch_arg_name, margin=finder._margin, max_val=finder._max_val,
+            trainer, module, mode=bs.mode, steps_per_trial=bs.steps_per_trial, init_val=bs.init_val, max_trials=bs.max_trials,
+            batch_arg_name=bs.batch_arg_name, margin=bs.margin, max_val=bs.max_val,
         )
-        if getattr(finder, "_early_exit", False):
+        if finder.early_exit:
             finder.optimal_batch_size = size
             raise TunerExit
         return size

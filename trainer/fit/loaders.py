@@ -49,7 +49,7 @@ class RunLoaders:
         `reload` (``reload_dataloaders_every_n_epochs``): ask the module/DataModule for them again and replace the
         train loader in the checkpointed loader states.
         """
-        given = loops.loader_from(module, "train", train_dataloaders, required=True)
+        given = loops.loader_from(module, "train", train_dataloaders, required=True, datamodule=self.trainer.datamodule)
         combined = given if isinstance(given, CombinedLoader) else None  # several loaders: each prepared as one would be
         parts = list(combined.flattened) if combined is not None else [given]
         length = loops.num_batches(given)
@@ -102,7 +102,9 @@ class RunLoaders:
 
     def fit_val_loaders(self, module: TrainModule, val_dataloaders: Any) -> list[Any] | None:
         """The sharded validation loaders of a fit, or None when there is nothing to validate."""
-        val = loops.loader_from(module, "val", val_dataloaders, required=False) if overrides(module, "validation_step", TrainModule) else None
+        val = None
+        if overrides(module, "validation_step", TrainModule):
+            val = loops.loader_from(module, "val", val_dataloaders, required=False, datamodule=self.trainer.datamodule)
         if val_dataloaders is not None and val is None:
             warnings.warn(f"val_dataloaders were passed but {type(module).__name__} has no validation_step; validation is skipped", stacklevel=6)
         limit = self.trainer.args.limit_val_batches

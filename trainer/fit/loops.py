@@ -36,6 +36,7 @@ from trainer.fit.profiler import profile
 from trainer.fit.transfer import moves_batches_itself, transfer_batch
 
 if TYPE_CHECKING:
+    from trainer.fit.datamodule import DataModule
     from trainer.fit.trainer import Trainer
 
 _MISSING = object()
@@ -82,7 +83,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
     one batch ahead: ``end_of_dataloader``), so accumulation, validation and checkpoints treat it as the sized
     loader's last batch.
     """
-    state, results = trainer.run_state, trainer._results
+    state, results = trainer.run_state, trainer.results
     progress = state.progress
     stop_agreed = state.should_stop  # agreed at the last epoch's end (before any hook of this one); min_epochs/min_steps held it
     # a checkpoint written at a batch's end comes before the validation due after that batch: run it first
@@ -127,7 +128,7 @@ def train_epoch(trainer: Trainer, val_loaders: list[Any] | None) -> None:
             "fit would take no step. Check that the data set yields items on every pass (after set_epoch), or pass a non-empty one"
         )
     _, logged = _end_of_epoch(trainer, "train")
-    trainer._send_to_trackers(logged, max(state.logging_step - 1, 0))  # at the epoch's last step, as its last step values
+    trainer.send_to_trackers(logged, max(state.logging_step - 1, 0))  # at the epoch's last step, as its last step values
     trainer.warn_if_nonfinite({}, synchronized=True)  # the losses trained on this epoch, read at its end (where the loop synchronizes)
     epoch_over = progress.batches_done_in_epoch >= total or progress.is_last_batch
     if epoch_over or not state.max_steps_reached():  # an epoch cut short by max_steps stays open, so a resume continues it
@@ -154,7 +155,7 @@ def _end_of_epoch(trainer: Trainer, stage: str) -> tuple[dict[str, float], dict[
     training epoch the callbacks that monitor a metric (checkpointing, early stopping) run after the module's
     hook and that last computation, so they see what the module logged there; the other callbacks run before it.
     """
-    results, dispatch, event = trainer._results, trainer.dispatch, f"on_{stage}_epoch_end"
+    results, dispatch, event = trainer.results, trainer.dispatch, f"on_{stage}_epoch_end"
     results.set_context(stage, False)
     metrics, logged = results.reduce_epoch(stage)
     results.set_context(stage, False, epoch_end=True)
@@ -212,7 +213,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     values and those logged without a loader suffix), or for "predict" every batch's output in dataset order
     (a list per loader when there are several; None without `keep_predictions`: nothing kept, nothing gathered).
     """
-    module, call, results, state = trainer.attached_module, trainer.dispatch.call, trainer._results, trainer.run_state
+    module, call, results, state = trainer.attached_module, trainer.dispatch.call, trainer.results, trainer.run_state
     step = getattr(module, f"{stage}_step")
     # A sharded strategy gathers parameters in forward (a collective), so its steps go through the wrapper;
     # DDP's forward would only broadcast buffers, which ranks with unequal evaluation batches must not do.
@@ -234,7 +235,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
     results.set_context(stage, False)
     results.enabled = stage != "predict"
     predictions: list[list[tuple[int, int, Any]]] = [[] for _ in loaders]
-    with strategy.evaluation_context(trainer._args.inference_mode), gathered:  # Lightning's inference_mode=True
+    with strategy.evaluation_context(trainer.args.inference_mode), gathered:  # Lightning's inference_mode=True
         call(f"on_{stage}_start")
         call(f"on_{stage}_epoch_start")
         for dataloader_idx, (loader, limit) in enumerate(zip(loaders, limits)):
@@ -261,7 +262,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
                 if stage != "predict":  # Lightning: every batch, at the batches seen so far (the sanity check's are dropped)
                     values, seen, key = results.flush_step(stage), state.eval_batches_seen, (stage, dataloader_idx)
                     if not state.sanity_checking:
-                        trainer._send_to_trackers(values, seen.get(key, 0), epoch=False)
+                        trainer.send_to_trackers(values, seen.get(key, 0), epoch=False)
                         seen[key] = seen.get(key, 0) + 1
         results.dataloader_suffix = ""
         metrics: dict[str, float] = {}
@@ -269,7 +270,7 @@ def eval_loop(trainer: Trainer, stage: str, loaders: list[Any], limits: list[int
             call("on_predict_epoch_end")
         else:
             metrics, logged = _end_of_epoch(trainer, stage)
-            trainer._send_to_trackers(logged)
+            trainer.send_to_trackers(logged)
         call(f"on_{stage}_end")
     if stage != "predict" and overrides(module, f"on_{stage}_model_train", TrainModule):
         getattr(module, f"on_{stage}_model_train")()
@@ -292,7 +293,7 @@ def _of_loader(metrics: dict[str, float], dataloader_idx: int) -> dict[str, floa
 
 def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:
     """Predictions of every process in dataset order (batches are dealt round-robin to processes)."""
-    if trainer.world_size > 1 and trainer._args.use_distributed_sampler:  # unsharded: each process predicted everything
+    if trainer.world_size > 1 and trainer.args.use_distributed_sampler:  # unsharded: each process predicted everything
         local = trainer.accelerator.gather_object(local)
     return [output for _, _, output in sorted(local, key=lambda item: (item[0], item[1]))]
 
@@ -340,22 +341,20 @@ def unshuffled(loader: Any, kind: str) -> Any:
             or isinstance(loader.dataset, torch.utils.data.IterableDataset)):
         return loader
     warnings.warn(f"overfit_batches reads the {kind} dataloader in order: its shuffling is turned off (as Lightning does)", stacklevel=4)
-    from strategies.data import _carried_kwargs  # lazy: `from trainer import Trainer` does not load strategies.data
+    from strategies.data import carried_kwargs  # lazy: `from trainer import Trainer` does not load strategies.data
 
     return torch.utils.data.DataLoader(
-        loader.dataset, batch_size=loader.batch_size, shuffle=False, drop_last=loader.drop_last, **_carried_kwargs(loader)
+        loader.dataset, batch_size=loader.batch_size, shuffle=False, drop_last=loader.drop_last, **carried_kwargs(loader)
     )
 
 
-def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool) -> Any:
-    """The loader passed to the entry point, else the datamodule's ``<kind>_dataloader()``, else the module's.
+def loader_from(module: TrainModule, kind: str, given: Any, *, required: bool, datamodule: DataModule | None) -> Any:
+    """The loader passed to the entry point, else `datamodule`'s ``<kind>_dataloader()`` (the run's), else the module's.
 
     "train" gives one loader, or a `CombinedLoader` (as given, or a list or dict of loaders in ``max_size_cycle`` mode,
     as Lightning); the evaluation kinds a list (a single loader becomes a list of one; a dict, or a ``sequential``
     `CombinedLoader`, its loaders in order).
     """
-    owner = module._trainer
-    datamodule = getattr(owner, "datamodule", None) if owner is not None else None
     if given is None and datamodule is not None:
         given = getattr(datamodule, f"{kind}_dataloader")()
     if given is None:

@@ -16,9 +16,14 @@ import torch
 
 
 class LossHealth:
-    """The loss watch of one fit (`reset` at its start); a search saves and restores it as one unit (`snapshot`)."""
+    """The loss watch of one fit (`reset` at its start); a search saves and restores it as one unit (`snapshot`).
 
-    def __init__(self) -> None:
+    `policy` is the Trainer's ``on_nonfinite`` (None, ``"skip"`` or ``"stop"``): what the loop does about a non-finite
+    loss; a search inside the run turns it off while it runs (its loss diverges on purpose) and the restore puts it back.
+    """
+
+    def __init__(self, policy: str | None = None) -> None:
+        self.policy = policy
         self.reset()
 
     def reset(self) -> None:

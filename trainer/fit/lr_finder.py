@@ -25,6 +25,7 @@ from trainer.fit.search import run_training, state_kept
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
+    from trainer.fit.datamodule import DataModule
     from trainer.fit.module import TrainModule
     from trainer.fit.trainer import Trainer
 
@@ -168,17 +169,17 @@ class _LRCallback(Callback):
         self.losses.append(smoothed)
 
 
-def lr_attr_name(module: TrainModule, attr_name: str = "") -> str:
+def lr_attr_name(module: TrainModule, attr_name: str = "", *, datamodule: DataModule | None) -> str:
     """Where the module keeps its lr: `attr_name`, else ``lr`` or ``learning_rate``, on the module or in its hparams."""
     if attr_name:
-        if not has_attr(module, attr_name):
+        if not has_attr(module, attr_name, datamodule=datamodule):
             raise AttributeError(
                 f"lr_find(attr_name={attr_name!r}): neither {type(module).__name__} nor its hparams has {attr_name!r}; "
                 "name the attribute that holds the learning rate, or pass update_attr=False"
             )
         return attr_name
     for name in ("lr", "learning_rate"):
-        if has_attr(module, name):
+        if has_attr(module, name, datamodule=datamodule):
             return name
     raise AttributeError(
         f"lr_find(update_attr=True) needs the learning rate on {type(module).__name__} or its hparams as 'lr' or "
@@ -186,28 +187,27 @@ def lr_attr_name(module: TrainModule, attr_name: str = "") -> str:
     )
 
 
-def has_attr(module: TrainModule, name: str) -> bool:
-    """Lightning's ``lightning_hasattr``: an attribute of the module, a key of its hparams, or of the datamodule."""
+def has_attr(module: TrainModule, name: str, *, datamodule: DataModule | None) -> bool:
+    """Lightning's ``lightning_hasattr``: an attribute of the module, a key of its hparams, or of `datamodule` (the
+    run's, ``trainer.datamodule``)."""
     hparams = getattr(module, "hparams", {})
-    datamodule = getattr(getattr(module, "_trainer", None), "datamodule", None)
     return hasattr(module, name) or name in hparams or (datamodule is not None and hasattr(datamodule, name))
 
 
-def get_attr(module: TrainModule, name: str) -> Any:
-    """Lightning's ``lightning_getattr`` (the module, its hparams, then the datamodule)."""
+def get_attr(module: TrainModule, name: str, *, datamodule: DataModule | None) -> Any:
+    """Lightning's ``lightning_getattr`` (the module, its hparams, then `datamodule`)."""
     if hasattr(module, name):
         return getattr(module, name)
     hparams = getattr(module, "hparams", {})
     if name in hparams:
         return hparams[name]
-    datamodule = getattr(getattr(module, "_trainer", None), "datamodule", None)
     if datamodule is not None and hasattr(datamodule, name):
         return getattr(datamodule, name)
     raise AttributeError(f"{name!r} is neither an attribute of {type(module).__name__}, a key of its hparams, nor an attribute of the datamodule")
 
 
-def set_attr(module: TrainModule, name: str, value: Any) -> None:
-    """Lightning's ``lightning_setattr``: set `name` everywhere it is found (module, hparams, datamodule)."""
+def set_attr(module: TrainModule, name: str, value: Any, *, datamodule: DataModule | None) -> None:
+    """Lightning's ``lightning_setattr``: set `name` everywhere it is found (module, hparams, `datamodule`)."""
     found = False
     if hasattr(module, name):
         setattr(module, name, value)
@@ -216,7 +216,6 @@ def set_attr(module: TrainModule, name: str, value: Any) -> None:
     if name in hparams:
         hparams[name] = value
         found = True
-    datamodule = getattr(getattr(module, "_trainer", None), "datamodule", None)
     if datamodule is not None and hasattr(datamodule, name):
         setattr(datamodule, name, value)
         found = True
@@ -233,11 +232,11 @@ def lr_find(
     With `update_attr` the suggestion is written to the module's lr attribute and to the optimizer's param groups
     after the restore, so the training that follows uses it (Lightning 2.6).
     """
-    if trainer._args.fast_dev_run:
+    if trainer.args.fast_dev_run:
         log.warning("Skipping learning rate finder since `fast_dev_run` is enabled.")
         return None
     if update_attr:
-        attr_name = lr_attr_name(module, attr_name)
+        attr_name = lr_attr_name(module, attr_name, datamodule=trainer.datamodule)
     if not module.automatic_optimization:
         raise ValueError(
             f"the learning rate finder raises the lr through a schedule stepped after each automatic optimizer step; "
@@ -271,7 +270,7 @@ def lr_find(
     if update_attr:
         lr = finder.suggestion()
         if lr is not None:
-            set_attr(module, attr_name, lr)
+            set_attr(module, attr_name, lr, datamodule=trainer.datamodule)
             for opt in state.optimizers:
                 for group in opt.param_groups:
                     group["lr"] = lr

@@ -220,8 +220,8 @@ class TrainModule(PipelineSteps, nn.Module):
         self._toggled: dict[int, bool] = {}
         self._example_input_array: Any = None
         self._strict_loading: bool | None = None
-        self._jit_is_scripting = False  # `to_torchscript` reads every attribute: `trainer` is None then, not an error
-        self._log_hyperparams = True  # `save_hyperparameters(logger=False)` keeps them from the trackers
+        self.jit_is_scripting = False  # True while `to_torchscript` reads every attribute: `trainer` is None then, not an error
+        self.hparams_to_trackers = True  # `save_hyperparameters(logger=False)` keeps them from the trackers
 
     @property
     def example_input_array(self) -> Any:
@@ -247,7 +247,7 @@ class TrainModule(PipelineSteps, nn.Module):
     @property
     def trainer(self) -> ModuleTrainerView:
         """The `Trainer` running this module (raises outside a run); what it offers is `callbacks.view.ModuleTrainerView`."""
-        if self._trainer is None and not self._jit_is_scripting:
+        if self._trainer is None and not self.jit_is_scripting:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; call trainer.fit(module) (or validate/test/predict) first")
         return self._trainer  # type: ignore[return-value]  # None only while TorchScript reads the attributes
 
@@ -682,7 +682,7 @@ class TrainModule(PipelineSteps, nn.Module):
         """
         if not isinstance(logger, bool):
             raise TypeError(f"save_hyperparameters(logger={logger!r}) must be True or False")
-        self._log_hyperparams = logger
+        self.hparams_to_trackers = logger
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if len(names) == 1 and not isinstance(names[0], str):
             given = vars(names[0]) if hasattr(names[0], "__dict__") and not isinstance(names[0], Mapping) else names[0]

@@ -292,6 +292,12 @@ class ResultsStore:
                 )
             value = value.detach()
             return value if value.dim() == 0 else value.reshape(())
+        if isinstance(value, dict):
+            raise TypeError(
+                f"self.log({name!r}, ...) got a dict; log each entry under its own name with "
+                f"self.log_dict({{'{name}/<key>': ...}}) (a dict value of self.log, which Lightning's TensorBoardLogger "
+                "writes with add_scalars, is not supported)"
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(
                 f"self.log({name!r}, ...) got a value of type {type(value).__name__}; "

@@ -13,7 +13,6 @@ run (`TunerExit`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -49,15 +48,15 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
     metrics = [trainer.callback_metrics, trainer.logged_metrics, trainer.progress_bar_metrics]
     saved = SimpleNamespace(
         run=trainer.run_state.snapshot(), callbacks=trainer.callbacks, dispatch=trainer.dispatch,
-        metrics=[dict(m) for m in metrics], batch_idx=0, args=trainer._args,
+        metrics=[dict(m) for m in metrics], batch_idx=0,
     )
-    # a search drives the loss to diverge on purpose: no on_nonfinite policy stops it (its suggestion skips such points)
-    trainer._args = dataclasses.replace(trainer._args, on_nonfinite=None)
-    trainer.run_state.loss_health.warned_nonfinite = True  # (nor is it warned about)
+    # a search drives the loss to diverge on purpose: no on_nonfinite policy stops it (its suggestion skips such points),
+    # nor is it warned about; the run state's restore below puts the policy back
+    trainer.run_state.loss_health.policy, trainer.run_state.loss_health.warned_nonfinite = None, True
     try:
         yield saved
     finally:
-        trainer.callbacks, trainer._dispatch, trainer._args = saved.callbacks, saved.dispatch, saved.args
+        trainer.callbacks, trainer.dispatch = saved.callbacks, saved.dispatch
         trainer.run_state.restore(saved.run)
         for target, values in zip(metrics, saved.metrics):
             target.clear()
@@ -73,7 +72,7 @@ def state_kept(trainer: Trainer, name: str) -> Iterator[SimpleNamespace]:
 def run_training(trainer: Trainer, callbacks: list[Callback], *, max_steps: int, val_loaders: list[Any] | None) -> None:
     """Train from the current position until `max_steps` (or a stop, or ``max_epochs``) with only `callbacks`."""
     trainer.callbacks = list(callbacks)
-    trainer._dispatch = HookDispatcher(trainer.attached_module, TrainModule, trainer.callbacks, trainer)
+    trainer.dispatch = HookDispatcher(trainer.attached_module, TrainModule, trainer.callbacks, trainer)
     state = trainer.run_state
     state.max_steps, state.training, state.should_stop = max_steps, True, False
     while not loops.fit_done(trainer):

@@ -8,16 +8,19 @@
 `eval_loop`, ...) are plain functions in `trainer.fit.loops`, and the constructor arguments are checked in
 `trainer.fit.args`. Preparation, backward, accumulation, clipping, gathering and checkpoint I/O are
 the `Accelerator`'s; nothing here reimplements them.
+
+This module holds the constructor, the entry points (``fit``, ``validate``, ``test``, ``predict``) and how a run
+starts and ends; the class is completed by two parts in their own modules: `trainer.fit.attributes`
+(`TrainerAttributes`: Lightning's attributes, ``accelerator``, ``world_size``, ``model``, ...) and
+`trainer.fit.metrics` (`TrainerMetrics`: ``callback_metrics``, ``log_metrics``, the trackers).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
@@ -28,10 +31,11 @@ from callbacks.base import Callback
 from callbacks.view import ValidationSchedule
 from strategies.abilities import Engine
 from strategies.checkpoint_io import load_weights
-from strategies.checkpoint_store import CheckpointSaveError, CheckpointStore
+from strategies.checkpoint_store import CheckpointSaveError
 from trainer.fit import batch, loops, preemption
 from trainer.fit.agreement import LoopAgreement
 from trainer.fit.args import TrainerArgs, build_accelerator, build_profiler, check_arguments, default_callbacks, launch_processes
+from trainer.fit.attributes import TrainerAttributes
 from trainer.fit.checkpointing import (
     check_weights_only,
     resolve_ckpt_path,
@@ -44,11 +48,11 @@ from trainer.fit.dispatch import HookDispatcher, order_callbacks, refuse_hooks_n
 from trainer.fit.finders import run_finder
 from trainer.fit.loaders import RunLoaders, one_data_source, one_or_list
 from trainer.fit.loss_health import LossHealth
+from trainer.fit.metrics import TrainerMetrics
 from trainer.fit.model_setup import ModelSetup
 from trainer.fit.module import LRSchedulerConfig, TrainModule
 from trainer.fit.plugins import plugin_precision_settings
 from trainer.fit.profiler import ProfiledDispatcher, Profiler, profile
-from trainer.fit.progress import LoopProgress
 from trainer.fit.results import ResultsStore
 from trainer.fit.run_state import RunState, RunStateField, RunStateValue
 from trainer.fit.search import TunerExit
@@ -58,7 +62,6 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from callbacks.batch_size_finder import BatchSizeFinder
-    from callbacks.checkpoint import ModelCheckpoint
     from callbacks.lr_finder import LearningRateFinder
     from callbacks.trackers.base import GeneralTracker
     from callbacks.trackers.registry import LogWith
@@ -68,14 +71,14 @@ if TYPE_CHECKING:
     from strategies.precision import Precision
     from trainer.accelerator.accelerator import Accelerator
     from trainer.accelerator.config import TorchDynamoPlugin
-    from trainer.fit.combined_loader import CombinedLoader, Loaders
+    from trainer.fit.combined_loader import Loaders
     from trainer.fit.datamodule import DataModule
     from trainer.fit.lr_finder import LRFinder
     from trainer.fit.module import ManualOptimizer
     from trainer.fit.plugins import AsyncCheckpointIO
 
 
-class Trainer:
+class Trainer(TrainerAttributes, TrainerMetrics):
     """Runs a `TrainModule`: ``fit``, ``validate``, ``test`` and ``predict``.
 
     All arguments are keyword-only and checked here, before any work starts. When neither
@@ -229,7 +232,7 @@ class Trainer:
         self.project_dir = str(Path(args.project_dir))
         # what a run owns and where it is (trainer.fit.run_state): the loops advance it, checkpoints save its position,
         # a search puts it back; the Lightning attributes below (current_epoch, global_step, stage, ...) are views onto it
-        self.run_state = RunState(max_epochs=args.max_epochs, max_steps=args.max_steps)
+        self.run_state = RunState(max_epochs=args.max_epochs, max_steps=args.max_steps, loss_health=LossHealth(args.on_nonfinite))
         self.lightning_module: TrainModule | None = None
         self.model_setup = ModelSetup(self)  # the module as the strategy set it up, its optimizers
         self.loaders = RunLoaders(self)  # the run's train, validation and evaluation loaders
@@ -267,7 +270,8 @@ class Trainer:
         self.log_value = self._results.log if not args.barebones else _barebones_log  # what TrainModule.log calls: bound once
 
     # ------------------------------------------------------------------------------------ attributes
-    # Lightning's attributes of the run, views onto `run_state` (`RunState` documents each); the settable ones set it
+    # Lightning's attributes of the run, views onto `run_state` (`RunState` documents each); the settable ones set it.
+    # The others (accelerator, world_size, model, ...) are `TrainerAttributes`'; the metrics and trackers `TrainerMetrics`'
     stage, training, sanity_checking = RunStateField[str | None](), RunStateField[bool](), RunStateField[bool]()
     max_epochs, max_steps = RunStateField[int | None](), RunStateField[int | None]()
     optimizers, lr_scheduler_configs = RunStateField[list[torch.optim.Optimizer]](), RunStateField[list[LRSchedulerConfig]]()
@@ -276,172 +280,7 @@ class Trainer:
     should_stop = RunStateField[bool]()
     num_val_batches, num_test_batches, num_predict_batches = (RunStateField[int | float | list[int | float]]() for _ in range(3))
 
-    @property
-    def fit_progress(self) -> LoopProgress:
-        """Where the fit is (`run_state.progress`): epoch, global step, the accumulation window, batches done."""
-        return self.run_state.progress
-
-    @property
-    def args(self) -> TrainerArgs:
-        """The checked constructor arguments (`trainer.fit.args.TrainerArgs`), read-only."""
-        return self._args
-
-    @property
-    def module(self) -> TrainModule | None:
-        """The user's module (unwrapped)."""
-        return self.lightning_module
-
-    @property
-    def dispatch(self) -> HookDispatcher:
-        """The run's hook dispatcher: every hook of the module and the callbacks, in Lightning's order."""
-        return self._dispatch
-
-    @property
-    def attached_module(self) -> TrainModule:
-        """The module of the running ``fit``/``validate``/``test``/``predict``; raises outside one."""
-        if self.lightning_module is None:
-            raise RuntimeError("no module is attached to this Trainer; call fit/validate/test/predict with a TrainModule first")
-        return self.lightning_module
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The module as the strategy wrapped it (DDP, FSDP, DeepSpeed's engine) in the running or last run, else None; Lightning's."""
-        model: torch.nn.Module | None = self.model_setup.model
-        return model
-
-    @property
-    def accelerator(self) -> Accelerator:
-        """The `Accelerator` this Trainer drives (device, strategy, collectives, checkpoint I/O)."""
-        if self._accelerator is None:
-            raise RuntimeError(
-                f"this Trainer asks for {self._args.devices} processes, which start at trainer.fit(): it has no Accelerator "
-                "before that. Start the script with `trainer launch` or torchrun to have one from the start"
-            )
-        return self._accelerator
-
-    @property
-    def strategy(self) -> Strategy:
-        """The `Strategy` of the run: its collectives (``broadcast_object``, ...) work on every process."""
-        return self.accelerator.strategy
-
-    @property
-    def world_size(self) -> int:
-        return self._accelerator.num_processes if self._accelerator is not None else 1
-
-    @property
-    def global_rank(self) -> int:
-        return self._accelerator.process_index if self._accelerator is not None else 0
-
-    @property
-    def local_rank(self) -> int:
-        return self._accelerator.local_process_index if self._accelerator is not None else 0
-
-    @property
-    def val_check_interval(self) -> int | float | None:
-        return self.validation_schedule.val_check_interval
-
-    @property
-    def check_val_every_n_epoch(self) -> int:
-        return self.validation_schedule.check_val_every_n_epoch
-
-    @property
-    def num_training_batches(self) -> int | float:
-        """Training batches per epoch on this process, after limits; ``float("inf")`` for a loader without a length (a stream)."""
-        return self.validation_schedule.num_training_batches
-
-    @num_training_batches.setter
-    def num_training_batches(self, value: int | float) -> None:
-        self.validation_schedule = dataclasses.replace(self.validation_schedule, num_training_batches=value)
-
-    @property
-    def accumulate_grad_batches(self) -> int:
-        """Batches per optimizer step: the accelerator's, which its `Stepper` counts (settable, as Lightning's)."""
-        acc = self._accelerator
-        return acc.gradient_accumulation_steps if acc is not None else self._args.accumulate_grad_batches
-
-    @accumulate_grad_batches.setter
-    def accumulate_grad_batches(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"accumulate_grad_batches={value!r} must be an int >= 1")
-        if self._accelerator is None:
-            raise RuntimeError("accumulate_grad_batches can be set once the processes run (in fit, or under `trainer launch`)")
-        self._accelerator.gradient_accumulation_steps = value
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.global_rank == 0
-
-    @property
-    def callback_metrics(self) -> dict[str, Any]:
-        return self._results.callback_metrics
-
-    @property
-    def logged_metrics(self) -> dict[str, Any]:
-        return self._results.logged_metrics
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, Any]:
-        return self._results.progress_bar_metrics
-
-    @property
-    def checkpoint_callback(self) -> ModelCheckpoint | None:
-        """The first `ModelCheckpoint` callback (or subclass), or None."""
-        from callbacks.checkpoint import ModelCheckpoint  # lazy: `from trainer import Trainer` loads no built-in callback
-
-        return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
-
-    @property
-    def loggers(self) -> list[GeneralTracker]:
-        """The trackers among the callbacks (Lightning's ``trainer.loggers``: ``CSVLogger``, ``TensorBoardLogger``, ...)."""
-        from callbacks.trackers import GeneralTracker  # lazy: `from trainer import Trainer` loads no tracker module
-
-        return [cb for cb in self.callbacks if isinstance(cb, GeneralTracker)]
-
-    @property
-    def logger(self) -> GeneralTracker | None:
-        """The first tracker (Lightning's ``trainer.logger``), or None without trackers."""
-        loggers = self.loggers
-        return loggers[0] if loggers else None
-
-    @property
-    def log_dir(self) -> str:
-        """The directory of the first file-based tracker's run (``<project_dir>/logs`` before it starts)."""
-        for cb in self.callbacks:
-            run_dir = getattr(cb, "run_dir", None)
-            if run_dir is not None:
-                return str(run_dir)
-        return str(Path(self.project_dir) / "logs")
-
-    @property
-    def train_dataloader(self) -> torch.utils.data.DataLoader | CombinedLoader | None:
-        """The training loader of the running ``fit`` (prepared: sharded, on the device), None outside one; Lightning's."""
-        loader: torch.utils.data.DataLoader | CombinedLoader | None = self.loaders.train
-        return loader
-
-    def train_step_batches(self) -> Iterator[Any]:
-        """One pass over the training loader of the running ``fit``, each batch as ``training_step`` gets it."""
-        return self.loaders.train_step_batches()
-
-    @property
-    def estimated_stepping_batches(self) -> int | float:
-        """Optimizer steps the whole ``fit`` will take (from the train loader length, epochs and max_steps).
-
-        A train loader without a length (a stream) gives ``max_steps``, or ``float("inf")`` without it: the number is unknown.
-        """
-        if math.isinf(self.num_training_batches):
-            return self.max_steps if self.max_steps is not None else math.inf
-        per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
-        epochs = self.max_epochs if self.max_epochs not in (None, -1) else None
-        total = per_epoch * epochs if epochs is not None else math.inf
-        if self.max_steps is not None:
-            total = min(total, self.max_steps)
-        return int(total) if total != math.inf else math.inf
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the global main process only."""
-        if self.is_global_zero:
-            print(*args, **kwargs)
-
+    # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(
         self, dirpath: str | os.PathLike[str], weights_only: bool = False, storage_options: None = None, *, async_save: bool | None = None,
     ) -> Path | PendingSave:
@@ -462,41 +301,6 @@ class Trainer:
                             "directory here, through no remote-storage layer; leave storage_options out")
         return save_checkpoint(self, dirpath, async_save=self._args.async_checkpoint if async_save is None else async_save,
                                weights_only=weights_only)
-
-    @property
-    def checkpoints(self) -> CheckpointStore:
-        """The checkpoint store of this run (the accelerator's): the layout on disk and the save in flight."""
-        return self.accelerator.checkpoints
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Log values computed outside ``self.log`` (a callback's learning rates, throughput, ...).
-
-        They go into `callback_metrics` and `logged_metrics` and to every tracker (each callback's
-        ``on_log_metrics``) at `step`; without a `step`, at `logging_step` with the current ``"epoch"`` added (as
-        Lightning's logger connector does). Nothing reaches the trackers while sanity checking, as for ``self.log``.
-
-        Raises:
-            TypeError: `metrics` is not a dict of numbers (or one-element tensors).
-        """
-        if not isinstance(metrics, dict):
-            raise TypeError(f"log_metrics needs a dict of name -> number, got {type(metrics).__name__}; pass e.g. {{'lr': 0.1}}")
-        values: dict[str, float] = {}
-        for name, value in metrics.items():
-            try:
-                values[name] = float(value)
-            except (TypeError, ValueError, RuntimeError):
-                raise TypeError(f"log_metrics got {name}={value!r:.100}, which is not a number; log numbers or one-element tensors") from None
-        self.callback_metrics.update(values)
-        self.logged_metrics.update(values)
-        self._send_to_trackers(values, None if step is None else int(step), epoch=step is None)
-
-    def results_state_dict(self) -> dict[str, Any]:
-        """The epoch accumulators of ``self.log(..., on_epoch=True)``, saved in checkpoints so epoch values stay exact on resume."""
-        return self._results.state_dict()
-
-    def load_results_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `results_state_dict` returned."""
-        self._results.load_state_dict(state)
 
     # ------------------------------------------------------------------------------------ entry points
     def fit(
@@ -630,7 +434,7 @@ class Trainer:
         module = cast(TrainModule, self.lightning_module)  # _run attached it
         kind = {"validation": "val", "test": "test", "predict": "predict"}[stage]
         self.loaders.moves_batches = moves_batches_itself(self)
-        loaders = [self.loaders.eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True)]
+        loaders = [self.loaders.eval_loader(loader) for loader in loops.loader_from(module, kind, dataloaders, required=True, datamodule=self.datamodule)]
         name = f"limit_{kind}_batches"
         limits = [loops.limit_batches(loops.num_batches(loader), getattr(self._args, name), name) for loader in loaders]
         setattr(self, f"num_{kind}_batches", one_or_list(limits))
@@ -754,37 +558,6 @@ class Trainer:
     def step_manual_optimizer(self, optimizer: ManualOptimizer, closure: Callable[[], Any] | None = None) -> None:
         """``opt.step(closure)`` in manual optimization, with its hooks and one more `global_step` (`batch.step_manual_optimizer`)."""
         batch.step_manual_optimizer(self, optimizer, closure)
-
-    def _send_to_trackers(self, metrics: dict[str, float], step: int | None = None, *, epoch: bool = True) -> None:
-        """Hand `metrics` (plus ``"epoch"`` unless `epoch` is False) to every callback's ``on_log_metrics`` at `step`
-        (default: `logging_step`); nothing while sanity checking."""
-        state = self.run_state
-        if not metrics or state.sanity_checking:
-            return
-        step = state.logging_step if step is None else step
-        values = {**metrics, "epoch": state.current_epoch} if epoch else dict(metrics)
-        self.warn_if_nonfinite(values)
-        dispatch = self._dispatch if self._dispatch.module is not None else HookDispatcher(None, TrainModule, self.callbacks, self)
-        dispatch.call_callbacks("on_log_metrics", values, step)
-
-    @property
-    def nonfinite_skipped(self) -> int:
-        """Batches skipped this fit for a non-finite loss (``on_nonfinite="skip"``)."""
-        return self.loss_health.skipped
-
-    def watch_loss(self, loss: torch.Tensor) -> None:
-        """Add a loss trained on to the device-side total a non-finite loss is found in (`LossHealth.watch`)."""
-        self.loss_health.watch(loss)
-
-    def warn_if_nonfinite(self, values: dict[str, float], *, synchronized: bool = False) -> None:
-        """Warn once per fit when a training value the loop already read to the host (a logged value going to the
-        trackers, one the progress bar shows) is NaN or inf and no ``on_nonfinite`` policy watches the loss; where values
-        were read, or where the loop synchronizes anyway (``synchronized``), the device-side total of the losses trained
-        on is read too (`LossHealth.check`). Costs no synchronization of its own."""
-        state = self.run_state
-        if self._args.on_nonfinite is None and state.training and not state.sanity_checking:
-            state.loss_health.check(values, synchronized=synchronized, step=state.global_step, epoch=state.current_epoch)
-
 
 def _barebones_log(name: str, *args: Any) -> None:
     """``self.log`` under ``Trainer(barebones=True)``: nothing is logged (Lightning's warning, once per name)."""

@@ -51,7 +51,7 @@ class Tuner:
             raise ValueError("the Trainer already has a LearningRateFinder callback; remove it to use Tuner.lr_find")
         finder = LearningRateFinder(min_lr=min_lr, max_lr=max_lr, num_training_steps=num_training, mode=mode,
                                     early_stop_threshold=early_stop_threshold, update_attr=update_attr, attr_name=attr_name)
-        finder._early_exit = True
+        finder.early_exit = True
         self._run(finder, model, "fit", train_dataloaders, val_dataloaders, None, datamodule)
         found: LRFinder | None = finder.optimal_lr
         return found
@@ -74,7 +74,7 @@ class Tuner:
             raise ValueError("the Trainer already has a BatchSizeFinder callback; remove it to use Tuner.scale_batch_size")
         finder = BatchSizeFinder(mode=mode, steps_per_trial=steps_per_trial, init_val=init_val, max_trials=max_trials,
                                  batch_arg_name=batch_arg_name, margin=margin, max_val=max_val)
-        finder._early_exit = True
+        finder.early_exit = True
         self._run(finder, model, method, train_dataloaders, val_dataloaders, dataloaders, datamodule)
         return finder.optimal_batch_size
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainer.planning.layouts import PRECISIONS, STRATEGIES, Setup
 from trainer.planning.memory import format_bytes, tally_setup
+from trainer.planning.optimizers import OptimizerLike, resolve_optimizer
 from trainer.planning.trace import Tally
 
 
@@ -151,11 +152,12 @@ def _plan_one(models: dict[tuple[str, str, bool], _PeakModel], base: Any, setup:
 
 
 def plan_memory(base: Any, *, budget: int, max_processes: int, global_batch_size: int, shape: tuple[int, ...],
-                optimizer: str = "adamw", device: str = "cuda", strategies: tuple[str, ...] = STRATEGIES,
+                optimizer: OptimizerLike = "adamw", device: str = "cuda", strategies: tuple[str, ...] = STRATEGIES,
                 precisions: tuple[str, ...] = tuple(PRECISIONS)) -> list[Plan]:
     """Every configuration for a meta model `base` (`load_meta_model`), those that fit first (see the module docstring);
     `strategies` and `precisions` narrow the search."""
     models: dict[tuple[str, str, bool], _PeakModel] = {}
+    optimizer = resolve_optimizer(optimizer)
     plans = [
         _plan_one(models, base, Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=optimizer,
                               activation_checkpointing=ac, batch_size=1, shape=shape, device=device), budget, global_batch_size)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,29 +28,38 @@ from strategies.blocks import Blocks
 from strategies.fsdp import apply_fsdp
 from strategies.precision import DeepSpeedPrecision, FSDPPrecision, Precision
 from trainer.planning.models import make_batch
-from trainer.planning.trace import Tally, fake_mesh, fake_parameters, prime_optimizer, tracked_iteration
+from trainer.planning.optimizers import OptimizerSpec, resolve_optimizer
+from trainer.planning.trace import Tally, fake_mesh, fake_parameters, prime_optimizer, scalar_reads_as_one, tracked_iteration
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 PRECISIONS = {"32-true": "no", "bf16-mixed": "bf16", "bf16-true": "bf16-true"}  # ours -> the strategies' modes
-OPTIMIZERS = ("adamw", "sgd")
 DEVICES = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
 class Setup:
-    """One training configuration, per process (``batch_size`` per process; ``shape`` the sample's shape)."""
+    """One training configuration, per process (``batch_size`` per process; ``shape`` the sample's shape).
+
+    ``optimizer`` is an `OptimizerSpec`; anything `resolve_optimizer` takes (``"adamw"``, ``"torch.optim.SGD"``, a class,
+    ``functools.partial(SGD, momentum=0.9)``) is resolved to one.
+    """
 
     strategy: str
     num_processes: int
     precision: str
-    optimizer: str
+    optimizer: OptimizerSpec
     activation_checkpointing: bool
     batch_size: int
     shape: tuple[int, ...]
     device: str = "cuda"
+
+    def __post_init__(self) -> None:
+        optimizer: Any = self.optimizer
+        if not isinstance(optimizer, OptimizerSpec):
+            object.__setattr__(self, "optimizer", resolve_optimizer(optimizer))
 
     @property
     def sharded(self) -> bool:
@@ -58,13 +67,10 @@ class Setup:
         return self.strategy in ("fsdp", "deepspeed_stage_3")
 
 
-def build_optimizer(name: str, model: nn.Module, device: str) -> torch.optim.Optimizer:
-    """AdamW or SGD (momentum 0.9) as torch runs it on `device`: one tensor at a time on CPU, batched (foreach) on GPU."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    foreach = device == "cuda"
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
-    return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=foreach)
+def build_optimizer(optimizer: OptimizerSpec, model: nn.Module, device: str) -> torch.optim.Optimizer:
+    """`optimizer` over the trainable parameters as torch runs it on `device`: where torch chooses, one tensor at a time
+    on CPU, batched (foreach) on GPU."""
+    return optimizer.build((p for p in model.parameters() if p.requires_grad), device)
 
 
 def precision_for(setup: Setup) -> Precision:
@@ -104,6 +110,7 @@ def trace(model: nn.Module, blocks: Blocks, setup: Setup) -> Tally:
         fsdp = setup.strategy == "fsdp"
         mesh = stack.enter_context(fake_mesh(setup.num_processes)) if fsdp else None
         stack.enter_context(FakeTensorMode())
+        stack.enter_context(scalar_reads_as_one())
         model = prepare(fake_parameters(model, cpu, module_dtype(precision_for(setup))), blocks, setup, mesh)
         optimizer = build_optimizer(setup.optimizer, model, setup.device)
         prime_optimizer(model, optimizer)

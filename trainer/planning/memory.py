@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from strategies.blocks import find_blocks
-from trainer.planning.layouts import DEVICES, OPTIMIZERS, PRECISIONS, STRATEGIES, Setup, trace
+from trainer.planning.layouts import DEVICES, PRECISIONS, STRATEGIES, Setup, trace
 from trainer.planning.models import ModelSource, is_language_model, keep_blocks, load_meta_model, meta_copy
+from trainer.planning.optimizers import OptimizerLike, resolve_optimizer
 from trainer.planning.trace import CATEGORIES, Tally
 from trainer.planning.zero import zero_layout
 
@@ -81,7 +82,8 @@ def estimate_memory(
     strategy: str = "single",
     num_processes: int = 1,
     precision: str = "32-true",
-    optimizer: str = "adamw",
+    optimizer: OptimizerLike = "adamw",
+    optimizer_kwargs: dict[str, Any] | None = None,
     activation_checkpointing: bool = False,
     batch_size: int = 1,
     seq_len: int | None = None,
@@ -97,7 +99,11 @@ def estimate_memory(
             ``"deepspeed_stage_2"`` or ``"deepspeed_stage_3"``.
         num_processes: processes of the run (the data-parallel size).
         precision: ``"32-true"``, ``"bf16-mixed"`` or ``"bf16-true"``.
-        optimizer: ``"adamw"`` or ``"sgd"`` (momentum 0.9).
+        optimizer: the optimizer the run steps, as you write it: a `torch.optim` short name meaning that class with
+            torch's defaults (``"adamw"``, ``"sgd"``: no momentum, no state; ``"adagrad"``, ``"rmsprop"``, ...), a class
+            path (``"torch.optim.SGD"``, ``"mypkg.optim:Lion"``), an Optimizer class, or a callable params -> Optimizer
+            (``functools.partial(torch.optim.SGD, momentum=0.9)``). Its real ``step()`` runs on the fake tensors.
+        optimizer_kwargs: keyword arguments for it (``{"momentum": 0.9}``).
         activation_checkpointing: recompute each repeated block in backward (non-reentrant), as the strategies do.
         batch_size: samples per process.
         seq_len: tokens per sample, for a language model (a ``transformers`` model with a vocabulary).
@@ -107,8 +113,8 @@ def estimate_memory(
             a time). The trace itself runs on the CPU, with CPU kernels (attention included).
     """
     setup = check_setup(strategy=strategy, num_processes=num_processes, precision=precision, optimizer=optimizer,
-                        activation_checkpointing=activation_checkpointing, batch_size=batch_size, device=device,
-                        shape=_shape(seq_len, input_shape))
+                        optimizer_kwargs=optimizer_kwargs, activation_checkpointing=activation_checkpointing,
+                        batch_size=batch_size, device=device, shape=_shape(seq_len, input_shape))
     base = load_meta_model(model)
     return estimate_setup(base, setup)
 
@@ -144,7 +150,7 @@ def _estimate(setup: Setup, tally: Tally, base: Any, blocks: int, traced: tuple[
     count = sum(p.numel() for p in base.parameters())
     dtype_bytes = 2 if setup.precision == "bf16-true" else 4
     return MemoryEstimate(
-        strategy=setup.strategy, num_processes=setup.num_processes, precision=setup.precision, optimizer_name=setup.optimizer,
+        strategy=setup.strategy, num_processes=setup.num_processes, precision=setup.precision, optimizer_name=setup.optimizer.name,
         activation_checkpointing=setup.activation_checkpointing, batch_size=setup.batch_size, shape=setup.shape,
         device=setup.device, parameters=tally.parameters, gradients=tally.gradients, optimizer=tally.optimizer,
         activations=tally.activations, temporaries=tally.temporaries, peak=tally.peak, peak_phase=tally.peak_phase,
@@ -180,8 +186,8 @@ def _shape(seq_len: Any, input_shape: Any) -> tuple[int, ...]:
     return tuple(_positive("input_shape entry", n) for n in input_shape)
 
 
-def check_setup(*, strategy: str, num_processes: Any, precision: str, optimizer: str, activation_checkpointing: Any,
-                batch_size: Any, device: Any, shape: tuple[int, ...]) -> Setup:
+def check_setup(*, strategy: str, num_processes: Any, precision: str, optimizer: OptimizerLike, activation_checkpointing: Any,
+                batch_size: Any, device: Any, shape: tuple[int, ...], optimizer_kwargs: dict[str, Any] | None = None) -> Setup:
     """A `Setup` from checked arguments, or an error naming the bad value and the choices."""
     strategy = _choice("strategy", strategy, STRATEGIES)
     processes = _positive("num_processes", num_processes)
@@ -195,7 +201,7 @@ def check_setup(*, strategy: str, num_processes: Any, precision: str, optimizer:
         )
     if not isinstance(activation_checkpointing, bool):
         raise TypeError(f"activation_checkpointing={activation_checkpointing!r} must be True or False")
-    return Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=_choice("optimizer", optimizer, OPTIMIZERS),
+    return Setup(strategy=strategy, num_processes=processes, precision=precision, optimizer=resolve_optimizer(optimizer, optimizer_kwargs),
                  activation_checkpointing=activation_checkpointing, batch_size=_positive("batch_size", batch_size), shape=shape,
                  device=_choice("device", device, DEVICES))
 

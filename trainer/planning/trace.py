@@ -208,6 +208,31 @@ def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad()
 
 
+@contextmanager
+def scalar_reads_as_one() -> Iterator[None]:
+    """Inside `FakeTensorMode`: a value read out of a fake tensor that has none (``.item()``) is 1 instead of an error.
+
+    Some optimizers read a number out of their state in ``step()`` (Adafactor and ASGD their step count, Adafactor a
+    norm); a fake tensor has no value to read. A 1 keeps their arithmetic going; what they allocate depends on
+    shapes, not on those numbers (ASGD's averaging coefficient is 1 for its first million steps by default).
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _ReadsAsOne(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            try:
+                return func(*args, **(kwargs or {}))
+            except DataDependentOutputException:  # (a fake tensor made from a Python number still reads as it)
+                if func is not torch.ops.aten._local_scalar_dense.default:
+                    raise
+                dtype = args[0].dtype
+                return True if dtype is torch.bool else 1.0 if dtype.is_floating_point else 1
+
+    with _ReadsAsOne():
+        yield
+
+
 def fake_parameters(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> nn.Module:
     """Replace `model`'s (meta) parameters and buffers by empty tensors on `device`, in place; run under `FakeTensorMode`
     they are fake. Tied parameters stay tied. With `dtype`, floating-point ones are made in it (``module.to(dtype)``,

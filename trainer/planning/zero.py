@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from trainer.planning.layouts import PRECISIONS, Setup, build_optimizer
-from trainer.planning.trace import Tally, memory_tracker, prime_optimizer
+from trainer.planning.optimizers import OptimizerSpec
+from trainer.planning.trace import Tally, memory_tracker, prime_optimizer, scalar_reads_as_one
 
 # DeepSpeed's defaults for the ZeRO settings that size its buffers, where `DeepSpeedStrategy` passes none
 # (deepspeed.runtime.zero.config.DeepSpeedZeroConfig; tests/unit/test_memory_estimate.py compares them)
@@ -97,15 +98,15 @@ def zero_layout(compute: Tally, setup: Setup, model: nn.Module) -> Tally:
                  phases={"forward": forward, "backward": max(backward, key=lambda d: sum(d.values())), "step": step})
 
 
-def flat_optimizer(name: str, elements: int, device: str) -> tuple[int, int]:
-    """The state bytes and the step's peak temporaries of optimizer `name` (as `build_optimizer` makes it) over one
+def flat_optimizer(optimizer_spec: OptimizerSpec, elements: int, device: str) -> tuple[int, int]:
+    """The state bytes and the step's peak temporaries of `optimizer_spec` (as `build_optimizer` makes it) over one
     float32 tensor of `elements`: ZeRO steps the torch optimizer on its flat partition. A fake step: nothing is
     allocated."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():
+    with FakeTensorMode(), scalar_reads_as_one():
         flat = nn.ParameterList([nn.Parameter(torch.empty(elements))])
-        optimizer = build_optimizer(name, flat, device)
+        optimizer = build_optimizer(optimizer_spec, flat, device)
         prime_optimizer(flat, optimizer)
         tracker = memory_tracker()
         tracker.track_external(flat, optimizer)
