@@ -165,6 +165,7 @@ class Pipeline:
         self.device = device
         self.stage_fqns: list[list[str]] = []  # every stage's module names
         self.stage_indices: tuple[int, ...] = ()  # the stages this process holds
+        self.model: nn.Module | None = None  # the model set up: it holds every parameter of this process's stages
         self.parts: list[nn.Module] = []  # this process's stages' modules (views sharing the set-up model's layers)
         self.stages: list[Any] = []  # torch's PipelineStage objects, one per part
         self.schedule: Any = None
@@ -207,6 +208,7 @@ class Pipeline:
         keeps = [set(self.stage_fqns[i]) for i in self.stage_indices]
         views = [split.prune(model, keep, in_place=False) for keep in keeps] if len(keeps) > 1 else []
         split.prune(model, set().union(*keeps), in_place=True)
+        self.model = model
         self.parts = views or [model]
         if shard is not None:
             self.parts = [shard(part) for part in self.parts]

@@ -201,3 +201,50 @@ def test_a_stage_exception_fails_every_process_within_seconds() -> None:
     for message, seconds in results:  # the process-group timeout is 60 s: a process left waiting would take that long
         assert "pipeline stage [1] on process 1 failed: ValueError: a stage fails on purpose" in message
         assert seconds < 30
+
+
+def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2) -> dict[str, Any]:
+    """The Accelerator's loop (None: one plain process): per-batch losses, clip norms and the full weights."""
+    from strategies import PipelineConfig
+    from trainer import Accelerator, ParallelismConfig
+
+    config = ParallelismConfig(pp_size=pp, pp_handler=PipelineConfig(schedule=schedule)) if schedule else None
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate, parallelism_config=config)
+    model = _module(False)  # the optimizer is built on the whole model, before prepare
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    loader = torch.utils.data.DataLoader(_dataset(), batch_size=BATCH // accelerator.strategy.data_parallel_size)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses, norms = [], []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = accelerator.pipeline_step(model, x, target=y, loss_fn=F.mse_loss) if schedule else F.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 0.5)))
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+    x, y = next(iter(loader))
+    val = accelerator.pipeline_eval(model, x, target=y, loss_fn=F.mse_loss) if schedule else F.mse_loss(model(x), y)
+    out = accelerator.pipeline_forward(model, x) if schedule else model(x)
+    weights = accelerator.get_state_dict(model)
+    result = {"losses": losses, "norms": norms, "val_loss": val.item(), "out": out.detach(),
+              "weights": {k: v.clone() for k, v in weights.items()} if accelerator.is_main_process else None}
+    accelerator.end_training()
+    return result
+
+
+def _accelerator_runs() -> list[dict[str, Any]]:
+    return [_accelerator_run(schedule) for schedule in ("1F1B", "ZBVZeroBubble")]  # one job, two runs in turn
+
+
+@pytest.mark.timeout(300)
+def test_accelerator_pipeline_step_matches_one_process() -> None:
+    plain = _accelerator_run(None)
+    runs = run_distributed(_accelerator_runs, nprocs=2, timeout=120)
+    for case in range(2):
+        results = [run[case] for run in runs]
+        _assert_matches(plain, results)
+        for result in results:
+            assert result["norms"] == pytest.approx(plain["norms"], rel=1e-5)  # clipping over the whole pipeline
+            assert torch.allclose(result["out"], plain["out"], atol=1e-6)
