@@ -248,3 +248,81 @@ def test_accelerator_pipeline_step_matches_one_process() -> None:
         for result in results:
             assert result["norms"] == pytest.approx(plain["norms"], rel=1e-5)  # clipping over the whole pipeline
             assert torch.allclose(result["out"], plain["out"], atol=1e-6)
+
+
+def _llama_stages() -> tuple[nn.Module, nn.Module]:
+    """A tiny `transformers` Llama (4 decoder layers, built from its config) and the same parts in a module whose forward
+    skips what its stage does not hold: the model contract of pipeline stages."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.masking_utils import create_causal_mask
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=32)
+    llama = LlamaForCausalLM(config)
+
+    class LlamaStages(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens, self.layers, self.norm = llama.model.embed_tokens, llama.model.layers, llama.model.norm
+            self.rotary_emb, self.lm_head = llama.model.rotary_emb, llama.lm_head  # (rotary_emb: no parameters, on every stage)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.embed_tokens(x) if self.embed_tokens is not None else x
+            positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            mask = create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=positions)
+            rotary = self.rotary_emb(h, position_ids=positions)
+            for layer in self.layers:
+                h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
+            if self.lm_head is None:
+                return h
+            return self.lm_head(self.norm(h))
+
+    return llama, LlamaStages()
+
+
+def _llama_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def _llama_run(pipelined: bool) -> dict[str, Any]:
+    from strategies import PipelineConfig
+    from trainer import Accelerator, ParallelismConfig
+
+    config = ParallelismConfig(pp_size=2, pp_handler=PipelineConfig(schedule="Interleaved1F1B")) if pipelined else None
+    accelerator = Accelerator(cpu=True, parallelism_config=config)
+    _, model = _llama_stages()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    tokens = torch.randint(0, 64, (16, 10), generator=torch.Generator().manual_seed(3))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    losses = []
+    for step in range(4):
+        batch = tokens[4 * (step % 2):4 * (step % 2) + 4]  # two batches, each seen twice
+        if pipelined:
+            loss = accelerator.pipeline_step(model, batch, target=batch, loss_fn=_llama_loss)
+        else:
+            loss = _llama_loss(model(batch), batch)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    weights = accelerator.get_state_dict(model)
+    result = {"losses": losses, "held": sorted({k.split(".")[0] + ("." + k.split(".")[1] if k.startswith("layers") else "")
+                                               for k in model.state_dict()}),
+              "weights": {k: v.clone() for k, v in weights.items()} if accelerator.is_main_process else None}
+    accelerator.end_training()
+    return result
+
+
+@pytest.mark.timeout(300)
+def test_a_tiny_llama_splits_and_trains_as_one_process() -> None:
+    pytest.importorskip("transformers")
+    llama, stages = _llama_stages()
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(stages(tokens), llama(input_ids=tokens).logits, atol=1e-6)  # the same model
+    plain = _llama_run(False)
+    results = run_distributed(_llama_run, True, nprocs=2, timeout=120)
+    assert results[0]["held"] == ["embed_tokens", "layers.0", "layers.2"]  # Interleaved1F1B: stages 0 and 2
+    assert results[1]["held"] == ["layers.1", "layers.3", "lm_head", "norm"]
+    _assert_matches({**plain, "val_loss": 0.0}, [{**r, "val_loss": 0.0} for r in results])
+    assert plain["losses"][2] < plain["losses"][0] and plain["losses"][3] < plain["losses"][1]  # it trains
