@@ -34,6 +34,7 @@ def ray_cluster(tmp_path_factory):
     """One local Ray cluster for the module's tests, shut down after them."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # (2 s by default) a dead worker, a report seen sooner
     import ray
     from ray import cloudpickle
 
