@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -203,7 +204,7 @@ def test_a_stage_exception_fails_every_process_within_seconds() -> None:
         assert seconds < 30
 
 
-def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2) -> dict[str, Any]:
+def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2, save_to: str | None = None) -> dict[str, Any]:
     """The Accelerator's loop (None: one plain process): per-batch losses, clip norms and the full weights."""
     from strategies import PipelineConfig
     from trainer import Accelerator, ParallelismConfig
@@ -230,18 +231,30 @@ def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2) -> 
     weights = accelerator.get_state_dict(model)
     result = {"losses": losses, "norms": norms, "val_loss": val.item(), "out": out.detach(),
               "weights": {k: v.clone() for k, v in weights.items()} if accelerator.is_main_process else None}
+    if schedule and save_to is not None:  # save_state, the state spoiled, load_state: the saved weights and optimizer come back
+        accelerator.save_state(save_to)
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        momentum = {id(p): optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()}
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+                optimizer.state[p]["momentum_buffer"].zero_()
+        accelerator.load_state(save_to)
+        result["restored"] = all(torch.equal(v, saved[k]) for k, v in model.state_dict().items()) and all(
+            torch.equal(optimizer.state[p]["momentum_buffer"], momentum[id(p)]) for p in model.parameters())
     accelerator.end_training()
     return result
 
 
-def _accelerator_runs() -> list[dict[str, Any]]:
-    return [_accelerator_run(schedule) for schedule in ("1F1B", "ZBVZeroBubble")]  # one job, two runs in turn
+def _accelerator_runs(root: str) -> list[dict[str, Any]]:
+    return [_accelerator_run(schedule, save_to=f"{root}/{schedule}") for schedule in ("1F1B", "ZBVZeroBubble")]  # one job
 
 
 @pytest.mark.timeout(300)
-def test_accelerator_pipeline_step_matches_one_process() -> None:
+def test_accelerator_pipeline_step_matches_one_process(tmp_path: Path) -> None:
     plain = _accelerator_run(None)
-    runs = run_distributed(_accelerator_runs, nprocs=2, timeout=120)
+    runs = run_distributed(_accelerator_runs, str(tmp_path), nprocs=2, timeout=120)
+    assert all(run[case]["restored"] for run in runs for case in range(2))  # save_state / load_state
     for case in range(2):
         results = [run[case] for run in runs]
         _assert_matches(plain, results)
