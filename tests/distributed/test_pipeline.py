@@ -311,10 +311,8 @@ def _llama_run(pipelined: bool) -> dict[str, Any]:
     losses = []
     for step in range(4):
         batch = tokens[4 * (step % 2):4 * (step % 2) + 4]  # two batches, each seen twice
-        if pipelined:
-            loss = accelerator.pipeline_step(model, batch, target=batch, loss_fn=_llama_loss)
-        else:
-            loss = _llama_loss(model(batch), batch)
+        step_loss = accelerator.pipeline_step(model, batch, target=batch, loss_fn=_llama_loss) if pipelined else None
+        loss = step_loss if step_loss is not None else _llama_loss(model(batch), batch)
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
