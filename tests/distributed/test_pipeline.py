@@ -139,12 +139,29 @@ def test_schedules_on_2_processes_match_one_process() -> None:
     assert results[0][-1]["repr"].startswith("ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1, pipeline_parallel_size=2")
 
 
+def _on_4_processes() -> list[dict[str, Any]]:
+    """One job: 1F1B on 2 (pp) × 2 (FSDP), then 1F1B on 2 (pp) × 2 (tensor parallel: each layer's output columns split)."""
+    from strategies import FSDPStrategy, ParallelDims, PipelineConfig
+
+    fsdp = _pipelined("1F1B", 2, 2)
+    strategy = FSDPStrategy(parallel_dims=ParallelDims(world_size=4, pp=2, dp_shard=1, tp=2), cpu=True, timeout=60,
+                            tp_plan={"layers.*": "colwise_rep"}, pipeline=PipelineConfig(schedule="1F1B"))
+    tp = _fit(strategy, True, 2)
+    assert strategy.pipeline is not None and strategy.pipeline.model is not None
+    split = {name for name, p in strategy.pipeline.model.named_parameters() if type(p).__name__ == "DTensor"}
+    return [fsdp, {**tp, "split": sorted(split)}]
+
+
 @pytest.mark.timeout(400)
-def test_1f1b_on_a_2x2_pp_x_fsdp_mesh_matches_one_process() -> None:
+def test_1f1b_on_2x2_pp_x_fsdp_and_pp_x_tp_meshes_matches_one_process() -> None:
     plain = _fit("single", False, 2)
-    results = run_distributed(_pipelined, "1F1B", 2, 2, nprocs=4, timeout=300)
-    assert [r["stages"] for r in results] == [(0,), (0,), (1,), (1,)]  # pp outermost: processes 0, 1 hold stage 0
-    _assert_matches(plain, results, dp=2)
+    results = run_distributed(_on_4_processes, nprocs=4, timeout=300)
+    fsdp, tp = [r[0] for r in results], [r[1] for r in results]
+    assert [r["stages"] for r in fsdp] == [(0,), (0,), (1,), (1,)]  # pp outermost: processes 0, 1 hold stage 0
+    _assert_matches(plain, fsdp, dp=2)
+    _assert_matches(plain, tp)  # one data-parallel process: every process sees the whole batch
+    assert tp[0]["split"] == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]  # the plan applied
+    assert tp[2]["split"] == ["layers.2.bias", "layers.2.weight", "layers.3.bias", "layers.3.weight"]
 
 
 def _refusals() -> list[str]:
