@@ -511,10 +511,13 @@ def user_class(module: nn.Module) -> type:
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"}
 
 
-def best_device(*, cpu: bool = False, local_rank: int = 0) -> torch.device:
-    """CUDA (by local rank) > MPS > CPU; ``cpu=True`` forces CPU."""
+def best_device(*, cpu: bool = False, local_rank: int = 0, assigned: str | None = None) -> torch.device:
+    """The device the launcher `assigned` this process (Ray Train's), else CUDA (by local rank) > MPS > CPU;
+    ``cpu=True`` forces CPU."""
     if cpu:
         return torch.device("cpu")
+    if assigned:
+        return torch.device(assigned)
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     mps = getattr(torch.backends, "mps", None)

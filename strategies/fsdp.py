@@ -223,7 +223,7 @@ class FSDPStrategy(Strategy, Float8AllGather):
         if bad:
             raise TypeError(f"wrap_classes must hold nn.Module subclasses or class names, got {bad!r}")
         cluster = detect_environment() if cluster is None else cluster
-        device = best_device(cpu=cpu, local_rank=cluster.local_rank)
+        device = best_device(cpu=cpu, local_rank=cluster.local_rank, assigned=cluster.device)
         super().__init__(cluster=cluster, device=device, precision=precision)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout: float = process_group_timeout(timeout)
