@@ -26,7 +26,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HE
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "nd", "fsdp", "deepspeed", "deepspeed_checkpoint", "resume",
+SECTIONS = ("step", "import", "data", "checkpoint", "async_checkpoint", "ddp", "nd", "pipeline", "fsdp", "deepspeed", "deepspeed_checkpoint", "resume",
             "elastic", "memory", "compile")
 
 
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         import_time,
         memory,
         nd_parallel,
+        pipeline,
         resume,
         step_time,
         zero,
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "async_checkpoint": checkpoint_async, "nd": nd_parallel, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
+    modules = {"step": step_time, "import": import_time, "data": data_loading, "checkpoint": checkpoint, "async_checkpoint": checkpoint_async, "nd": nd_parallel, "pipeline": pipeline, "ddp": ddp, "fsdp": fsdp, "deepspeed": zero, "resume": resume,
                "deepspeed_checkpoint": SimpleNamespace(run=zero.run_checkpoints), "elastic": elastic_resume,
                "memory": memory, "compile": compile_step}
     header = f"Machine: {common.machine_description()}\nMode: {'--quick' if args.quick else 'full'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"

@@ -32,6 +32,7 @@ _EXPORTS = {
     "GradientAccumulationScheduler": "callbacks.gradient_accumulation_scheduler",
     "LearningRateFinder": "callbacks.lr_finder",
     "BatchSizeFinder": "callbacks.batch_size_finder",
+    "RayTrainReportCallback": "callbacks.ray_train",
 }
 
 __all__ = ["Callback", *sorted(_EXPORTS)]

@@ -10,6 +10,7 @@ from strategies.fault_tolerance import FaultTolerance
 from strategies.fsdp import FSDPStrategy, apply_fsdp
 from strategies.mesh import ParallelDims
 from strategies.model_parallel import ModelParallelStrategy
+from strategies.pipeline import PipelineConfig, PipelineStageError
 from strategies.precision import PRECISION_NAMES, normalize_precision
 from strategies.registry import REGISTRY, STRATEGIES, StrategyEntry, register_strategy, resolve_auto, resolve_strategy
 from strategies.single_device import SingleDeviceStrategy
@@ -26,6 +27,8 @@ __all__ = [
     "FaultTolerance",
     "ModelParallelStrategy",
     "ParallelDims",
+    "PipelineConfig",
+    "PipelineStageError",
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyEntry",

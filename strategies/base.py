@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from torch.distributed.algorithms import Joinable
     from torch.distributed.device_mesh import DeviceMesh
 
+    from strategies.pipeline import Pipeline
+
 _MISSING = object()
 
 
@@ -55,6 +57,8 @@ class Strategy:
     load_location: str | None = None
     # the process-group timeout in seconds of a strategy of several processes (None: one process, or the backend's)
     timeout: float | None = None
+    # this process's pipeline stages and their schedule, once set up (`strategies.pipeline`); None without pipeline stages
+    pipeline: Pipeline | None = None
 
     def __init__(self, *, cluster: ClusterEnvironment, device: torch.device, precision: str = "no") -> None:
         self.cluster = cluster
@@ -317,7 +321,7 @@ class Strategy:
         if len(by_mesh) <= 1:
             total = torch.nn.utils.get_total_norm(grads, norm_type)
             full = getattr(total, "full_tensor", None)  # a sharded (DTensor) norm is partial per process
-            total = full() if callable(full) else total
+            total = self.combine_grad_norm(full() if callable(full) else total, norm_type)
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
             return total
         norms = []
@@ -327,9 +331,24 @@ class Strategy:
             norms.append(full() if callable(full) else norm)
         stacked = torch.stack(norms)
         total = stacked.max() if math.isinf(norm_type) else stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+        total = self.combine_grad_norm(total, norm_type)
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
+
+    def combine_grad_norm(self, norm: torch.Tensor, norm_type: float) -> torch.Tensor:
+        """The total gradient norm from this process's `norm` of the parameters it holds whole or sharded: the same
+        here; with pipeline stages, combined over the pipeline's processes (each holds other layers)."""
+        if self.pipeline is None or self.pipeline.pp_size == 1:
+            return norm
+        import torch.distributed as dist
+
+        if math.isinf(norm_type):
+            dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=self.pipeline.group)
+            return norm
+        powered = norm.pow(norm_type)
+        dist.all_reduce(powered, group=self.pipeline.group)
+        return powered.pow(1.0 / norm_type)
 
     def clip_grad_value_(self, parameters: torch.Tensor | Iterable[torch.Tensor], clip_value: float) -> None:
         """Clamp every gradient element into ``[-clip_value, clip_value]`` (element-wise, so shards need no sync)."""
@@ -395,7 +414,7 @@ class Strategy:
         reader = reader if isinstance(reader, checkpoint_io.CheckpointReader) else checkpoint_io.CheckpointReader(reader)
         path = reader.directory
         if checkpoint_io.is_sharded(path):
-            checkpoint_io.load_sharded(reader, models, optimizers, strict=strict)
+            checkpoint_io.load_sharded(reader, models, optimizers, strict=strict, flatten=self.pipeline is not None)
             return
         if optimizers and (path / store.DEEPSPEED_DIR).is_dir():
             raise checkpoint_io.CheckpointError(
@@ -492,10 +511,13 @@ def user_class(module: nn.Module) -> type:
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"}
 
 
-def best_device(*, cpu: bool = False, local_rank: int = 0) -> torch.device:
-    """CUDA (by local rank) > MPS > CPU; ``cpu=True`` forces CPU."""
+def best_device(*, cpu: bool = False, local_rank: int = 0, assigned: str | None = None) -> torch.device:
+    """The device the launcher `assigned` this process (Ray Train's), else CUDA (by local rank) > MPS > CPU;
+    ``cpu=True`` forces CPU."""
     if cpu:
         return torch.device("cpu")
+    if assigned:
+        return torch.device(assigned)
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     mps = getattr(torch.backends, "mps", None)

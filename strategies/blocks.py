@@ -35,4 +35,5 @@ def find_blocks(model: nn.Module) -> Blocks:
     if not holding:
         return Blocks(classes=classes, list_name=None, count=0)
     name, longest = max(holding, key=lambda item: len(item[1]))
-    return Blocks(classes=classes or (type(longest[0]),), list_name=name, count=len(longest))
+    first = next(iter(longest))  # (a pipeline stage's list keeps its layers' own indices: not always 0)
+    return Blocks(classes=classes or (type(first),), list_name=name, count=len(longest))

@@ -639,16 +639,20 @@ def _owner(models: list[Any], optimizer: torch.optim.Optimizer) -> Any:
     raise ValueError("an optimizer steps parameters of none of the prepared models; prepare the model it optimizes")
 
 
-def sharded_state(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
-    """The models' and optimizers' states as `torch.distributed.checkpoint` saves and loads them (this process's shards)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, get_state_dict
+def sharded_state(models: list[Any], optimizers: list[torch.optim.Optimizer], *, flatten: bool = False) -> dict[str, Any]:
+    """The models' and optimizers' states as `torch.distributed.checkpoint` saves and loads them (this process's shards).
 
+    `flatten`: each optimizer's state and hyperparameters keyed by parameter name (pipeline stages: processes holding
+    different parameters must not share one ``param_groups`` object, which DCP would write once for all of them)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, get_state_dict
+
+    options = StateDictOptions(flatten_optimizer_state_dict=True) if flatten else None
     if _one_pair(models, optimizers):  # (one call: torch checks the model's options once)
-        model_state, optimizer_state = get_state_dict(models[0], optimizers[0])
+        model_state, optimizer_state = get_state_dict(models[0], optimizers[0], options=options)
         return {"model_0": model_state, "optimizer_0": optimizer_state}
     state: dict[str, Any] = {f"model_{i}": get_model_state_dict(m) for i, m in enumerate(models)}
     for i, opt in enumerate(optimizers):
-        state[f"optimizer_{i}"] = get_optimizer_state_dict(_owner(models, opt), opt)
+        state[f"optimizer_{i}"] = get_optimizer_state_dict(_owner(models, opt), opt, options=options)
     return state
 
 
@@ -657,7 +661,9 @@ def _one_pair(models: list[Any], optimizers: list[torch.optim.Optimizer]) -> boo
     return len(models) == 1 and len(optimizers) == 1 and _owner(models, optimizers[0]) is models[0]
 
 
-def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True) -> None:
+def load_sharded(
+    reader: CheckpointReader, models: list[Any], optimizers: list[torch.optim.Optimizer], *, strict: bool = True, flatten: bool = False,
+) -> None:
     """Load a sharded (`sharded_state`) checkpoint into these models and optimizers, resharding to this run's processes.
 
     Each process checks the shard files it reads as it reads them (`CheckpointReader.dcp_reader`). Works for any
@@ -668,7 +674,7 @@ def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[t
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict, set_state_dict
 
     reader.prefetch(_own_shards(reader))  # checked while the states are gathered and DCP agrees on its plan
-    state = sharded_state(models, optimizers)
+    state = sharded_state(models, optimizers, flatten=flatten)
     directory = reader.path(SHARDED_DIR)
     storage = reader.dcp_reader(SHARDED_DIR)  # checks .metadata now
     try:
@@ -682,12 +688,13 @@ def load_sharded(reader: CheckpointReader, models: list[Any], optimizers: list[t
         raise CheckpointError(f"cannot load the sharded states in {directory}: {err}") from err
     if _one_pair(models, optimizers):
         set_state_dict(models[0], optimizers[0], model_state_dict=state["model_0"], optim_state_dict=state["optimizer_0"],
-                       options=StateDictOptions(strict=strict))
+                       options=StateDictOptions(strict=strict, flatten_optimizer_state_dict=flatten))
         return
     for i, model in enumerate(models):
         set_model_state_dict(model, state[f"model_{i}"], options=StateDictOptions(strict=strict))
     for i, opt in enumerate(optimizers):
-        set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"])
+        set_optimizer_state_dict(_owner(models, opt), opt, state[f"optimizer_{i}"],
+                                 options=StateDictOptions(flatten_optimizer_state_dict=flatten))
 
 
 def _own_shards(reader: CheckpointReader) -> list[str]:

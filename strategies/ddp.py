@@ -67,7 +67,7 @@ class DDPStrategy(Strategy):
         cluster = detect_environment() if cluster is None else cluster
         if not dist.is_available():
             raise RuntimeError("strategy='ddp' needs torch.distributed, which this torch build lacks; use strategy='single'")
-        device = best_device(cpu=cpu, local_rank=cluster.local_rank)
+        device = best_device(cpu=cpu, local_rank=cluster.local_rank, assigned=cluster.device)
         super().__init__(cluster=cluster, device=device, precision=precision)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout: float = process_group_timeout(timeout)

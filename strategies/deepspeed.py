@@ -197,7 +197,7 @@ class DeepSpeedStrategy(Strategy, Engine):
         if not dist.is_available():
             raise RuntimeError("strategy='deepspeed' needs torch.distributed, which this torch build lacks; use strategy='single'")
         cluster = detect_environment() if cluster is None else cluster
-        device = best_device(cpu=cpu, local_rank=cluster.local_rank)
+        device = best_device(cpu=cpu, local_rank=cluster.local_rank, assigned=cluster.device)
         self.config = load_config(config)
         mode = self._agree_precision(normalize_precision(precision), device)
         super().__init__(cluster=cluster, device=device, precision=mode)

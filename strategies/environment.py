@@ -1,7 +1,7 @@
 """Where are we running? Read the launcher's environment variables into one small record.
 
-Sources, in order: torchrun / torch elastic (and our own launcher, which runs on it), SLURM, OpenMPI,
-MPICH / Intel MPI / PMI. If any of them says there are N > 1 processes, the run is distributed with N
+Sources, in order: a Ray Train worker, torchrun / torch elastic (and our own launcher, which runs on it), SLURM,
+OpenMPI, MPICH / Intel MPI / PMI. If any of them says there are N > 1 processes, the run is distributed with N
 processes: a strategy that cannot do that must raise, never fall back to one process.
 """
 
@@ -28,6 +28,11 @@ class ClusterEnvironment:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     source: str = "none"
+    device: str | None = None  # the device the launcher assigned this process (Ray Train's), if it did
+
+    @property
+    def several_machines(self) -> bool:
+        return self.world_size > self.local_world_size
 
     @property
     def is_distributed(self) -> bool:
@@ -53,6 +58,23 @@ def _slurm_master(env: Mapping[str, str]) -> str:
     return first
 
 
+def _torch_variables(env: Mapping[str, str], source: str, *, node_rank: int, device: str | None = None) -> ClusterEnvironment:
+    """The layout torch's variables describe (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR``/``MASTER_PORT``), set by torchrun or by Ray Train."""
+    world = _int(env, "WORLD_SIZE", 1)
+    return ClusterEnvironment(
+        world_size=world,
+        rank=_int(env, "RANK", 0),
+        local_rank=_int(env, "LOCAL_RANK", 0),
+        local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
+        node_rank=node_rank,
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int(env, "MASTER_PORT", 29500),
+        source=source,
+        device=device,
+    )
+
+
 def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:
     """Detect the process layout from environment variables.
 
@@ -60,25 +82,17 @@ def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironme
         env: the environment to read (``os.environ`` by default).
 
     Returns:
-        A `ClusterEnvironment`; ``source`` names where it came from (``"torchrun"``, ``"trainwright"``,
+        A `ClusterEnvironment`; ``source`` names where it came from (``"ray"``, ``"torchrun"``, ``"trainwright"``,
         ``"slurm"``, ``"openmpi"``, ``"pmi"`` or ``"none"``).
     """
     env = os.environ if env is None else env
     addr = env.get("MASTER_ADDR", "127.0.0.1")
     port = _int(env, "MASTER_PORT", 29500)
+    if is_ray_train_worker(env):
+        return _torch_variables(env, "ray", node_rank=_int(env, "NODE_RANK", 0), device=env.get("ACCELERATE_TORCH_DEVICE") or None)
     if "WORLD_SIZE" in env and "RANK" in env:
-        world = _int(env, "WORLD_SIZE", 1)
         source = "trainwright" if env.get("TRAINWRIGHT_LAUNCHED") == "1" else "torchrun"
-        return ClusterEnvironment(
-            world_size=world,
-            rank=_int(env, "RANK", 0),
-            local_rank=_int(env, "LOCAL_RANK", 0),
-            local_world_size=_int(env, "LOCAL_WORLD_SIZE", world),
-            node_rank=_int(env, "GROUP_RANK", 0),
-            master_addr=addr,
-            master_port=port,
-            source=source,
-        )
+        return _torch_variables(env, source, node_rank=_int(env, "GROUP_RANK", 0))
     if "SLURM_NTASKS" in env and "SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         world = _int(env, "SLURM_NTASKS", 1)
         return ClusterEnvironment(
@@ -115,6 +129,15 @@ def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironme
             source="pmi",
         )
     return ClusterEnvironment()
+
+
+def is_ray_train_worker(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this is a worker of a Ray Train ``TorchTrainer``: a Ray worker process (``RAY_RAYLET_PID``) given
+    torch's variables by Ray Train (``RANK``, ``WORLD_SIZE``, ``NODE_RANK``; torchrun sets ``GROUP_RANK`` instead),
+    not a torchrun started inside a Ray task. Reads variables only: Ray is not imported."""
+    env = os.environ if env is None else env
+    return ("RAY_RAYLET_PID" in env and "NODE_RANK" in env and "WORLD_SIZE" in env and "RANK" in env
+            and "TORCHELASTIC_RUN_ID" not in env and "GROUP_RANK" not in env)
 
 
 def env_setting(name: str, default: str | None = None) -> str | None:

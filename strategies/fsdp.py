@@ -37,6 +37,7 @@ from strategies.checkpoint_store import Write
 from strategies.environment import ClusterEnvironment, detect_environment, process_group_timeout
 from strategies.materialize import allocate_empty, full_state, has_meta_tensors, scatter_from_rank0, to_meta
 from strategies.mesh import ParallelDims
+from strategies.pipeline import Pipeline, PipelineConfig
 from strategies.precision import FSDPPrecision
 from strategies.process_group import join_process_group, leave_process_group
 from strategies.tensor_parallel import apply_tensor_parallel
@@ -160,6 +161,10 @@ class FSDPStrategy(Strategy, Float8AllGather):
             own plan (`transformers` models carry one).
         device_mesh: Lightning's HSDP spelling, ``(replicas, shards)``: the same as
             ``parallel_dims=ParallelDims(dp_replicate=replicas, dp_shard=shards)``.
+        pipeline: with ``parallel_dims.pp > 1``, how the model is split into pipeline stages and scheduled
+            (`strategies.pipeline.PipelineConfig`; default: 1F1B, one stage per process). Each stage's module is then
+            split over ``tp`` and sharded over the data-parallel dimensions (``reshard_after_forward=False``, as
+            torchtitan does under pipeline stages). The training step runs through ``pipeline_step``.
         **unsupported: refused with a `TypeError` naming the supported arguments.
     """
 
@@ -188,13 +193,14 @@ class FSDPStrategy(Strategy, Float8AllGather):
         parallel_dims: ParallelDims | None = None,
         tp_plan: Mapping[str, Any] | None = None,
         device_mesh: tuple[int, int] | None = None,
+        pipeline: PipelineConfig | None = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
             raise TypeError(
                 f"FSDPStrategy got unsupported arguments {sorted(unsupported)}; it takes wrap_classes (auto_wrap_policy), "
                 "min_num_params, reshard_after_forward, cpu_offload, activation_checkpointing_policy, cpu_ram_efficient_loading, "
-                "mixed_precision_policy, parallel_dims, tp_plan, device_mesh, precision, cpu, timeout, backend"
+                "mixed_precision_policy, parallel_dims, tp_plan, device_mesh, pipeline, precision, cpu, timeout, backend"
             )
         if activation_checkpointing is not None and activation_checkpointing_policy is not None:
             raise ValueError("pass activation_checkpointing_policy or activation_checkpointing (its older name), not both")
@@ -217,7 +223,7 @@ class FSDPStrategy(Strategy, Float8AllGather):
         if bad:
             raise TypeError(f"wrap_classes must hold nn.Module subclasses or class names, got {bad!r}")
         cluster = detect_environment() if cluster is None else cluster
-        device = best_device(cpu=cpu, local_rank=cluster.local_rank)
+        device = best_device(cpu=cpu, local_rank=cluster.local_rank, assigned=cluster.device)
         super().__init__(cluster=cluster, device=device, precision=precision)
         self.backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         self.timeout: float = process_group_timeout(timeout)
@@ -241,16 +247,21 @@ class FSDPStrategy(Strategy, Float8AllGather):
                 "process (or on the meta device everywhere: it is then initialized shard by shard)"
             )
         self.tp_plan = tp_plan
+        self.pipeline_config = _pipeline_config(pipeline, self.dims)
         self.mesh: Any = None  # what fully_shard shards over
         self.device_mesh: Any = None  # the whole mesh (named dimensions: strategies.mesh)
         self._owns_group = False
+        self._pipeline_held: set[int] | None = None  # ids of the parameters this process's pipeline stages hold
 
     def setup_environment(self) -> None:
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
         self.device_mesh = self.dims.build_mesh(self.device.type, timeout=self.timeout)
         self.mesh = self.dims.fsdp_mesh(self.device_mesh)
-        if self.dims.tp_enabled:
+        if self.dims.tp_enabled or self.dims.pp_enabled:
             self.data_parallel_group = self.dims.data_parallel_mesh(self.device_mesh).get_group()
+        if self.pipeline_config is not None:
+            self.pipeline = Pipeline(self.pipeline_config, group=self.device_mesh["pp"].get_group(), device=self.device,
+                                     pp_rank=self.dims.coordinates(self.rank)["pp"], pp_size=self.dims.pp)
 
     @property
     def data_parallel_rank(self) -> int:
@@ -276,6 +287,8 @@ class FSDPStrategy(Strategy, Float8AllGather):
         if isinstance(module, FSDPModule):
             return module  # sharded by hand: placed and typed by the user
         module = self.precision.convert_parameters(module)  # true precision: the shards are made in that dtype
+        if self.pipeline is not None and wrap:
+            return self._setup_pipelined(module, self.pipeline, move)
         if not wrap:
             materialize_if_empty(self, module)
             return module.to(self.device) if move else module
@@ -310,6 +323,35 @@ class FSDPStrategy(Strategy, Float8AllGather):
         self.remember_replaced(before, module)
         return module
 
+    def _setup_pipelined(self, module: nn.Module, pipeline: Pipeline, move: bool) -> nn.Module:
+        """Split `module` into this process's pipeline stages; each stage's module is split over ``tp``, checkpointed
+        and sharded over the data-parallel dimensions (each its own FSDP root, as torchtitan shards each model part)."""
+        if self.pipeline is not None and self.pipeline.stages:
+            raise RuntimeError("this FSDPStrategy's pipeline is set up already; one strategy sets up one pipelined model")
+        empty = has_meta_tensors(module)
+        before = list(module.named_parameters(remove_duplicate=False))
+        target = torch.device("cpu") if self.cpu_offload else self.device
+
+        def shard(part: nn.Module) -> nn.Module:
+            if move and not empty:
+                part.to(target)
+            if self.dims.tp_enabled:
+                apply_tensor_parallel(part, self.device_mesh["tp"], self.tp_plan)
+            if self.activation_checkpointing is not None:
+                policy = self.activation_checkpointing
+                apply_activation_checkpointing(part, _resolve_no_split(part, tuple(policy)) if not callable(policy) else policy)
+            if self.dims.dp_size > 1:
+                apply_fsdp(part, self.mesh, wrap_classes=self.wrap_classes, min_num_params=self.min_num_params,
+                           reshard_after_forward=False, mp_policy=self.precision.mp_policy(), cpu_offload=self.cpu_offload)
+            return part
+
+        module = pipeline.setup(module, shard)
+        if empty:
+            materialize_if_empty(self, module, target)
+        self.remember_replaced(before, module)
+        self._pipeline_held = {id(p) for p in module.parameters()}
+        return module
+
     def _rank0_source(self, module: nn.Module, empty: bool) -> tuple[bool, dict[str, torch.Tensor] | None]:
         """Whether process 0's weights fill every process's shards, and (on process 0) its full state.
 
@@ -332,6 +374,13 @@ class FSDPStrategy(Strategy, Float8AllGather):
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         optimizer = repoint_optimizer(self, optimizer, "FSDP cannot move its state onto the shards")
+        if self.pipeline is not None:  # an optimizer built on the whole model steps this process's stages' parameters
+            held = self._pipeline_held
+            if held is None:
+                raise ValueError("with pipeline stages, prepare (set up) the model before its optimizer, or both in one call")
+            for group in optimizer.param_groups:
+                group["params"] = [p for p in group["params"] if id(p) in held]
+            return optimizer
         plain = [p for group in optimizer.param_groups for p in group["params"] if type(p).__name__ != "DTensor"]
         if plain:  # no prepared model holds them: they would be neither sharded nor synchronized across the processes
             raise ValueError(
@@ -343,7 +392,7 @@ class FSDPStrategy(Strategy, Float8AllGather):
         return optimizer
 
     def redirects_forward(self, wrapped: nn.Module, module: nn.Module) -> bool:
-        return True  # fully_shard works in place: the root's pre-forward unshard runs only through __call__
+        return self.pipeline is None  # fully_shard works in place: the root's pre-forward unshard runs only through __call__
 
     def no_sync(self, module: nn.Module) -> AbstractContextManager[Any]:
         return _without_gradient_sync(module)
@@ -369,20 +418,38 @@ class FSDPStrategy(Strategy, Float8AllGather):
         """The full (unsharded) state dict on CPU, on rank 0; other ranks get ``{}``. Every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if self.pipeline is not None:
+            return self._pipelined_state_dict(module, self.pipeline)
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return cast(dict[str, torch.Tensor], state)
+
+    def _pipelined_state_dict(self, module: nn.Module, pipeline: Pipeline) -> dict[str, torch.Tensor]:
+        """Every stage's full weights, gathered on process 0 (each pipeline's first data-parallel process sends its own)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full: dict[str, Any] = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        own = {key: value.detach().cpu() for key, value in full.items()}
+        first = pipeline.pp_rank == 0  # (every pipeline gathers; process 0's is the one returned)
+        gathered: list[Any] = [None] * pipeline.pp_size
+        dist.gather_object(own, gathered if first else None, group=pipeline.group, group_dst=0)
+        if self.rank != 0:
+            return {}
+        return {key: value for part in gathered for key, value in part.items()}
 
     def load_module_state_dict(self, module: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Load a full state dict (the same on every rank) into the shards. Every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         values: Any = state
+        if self.pipeline is not None:  # this process's stages take their own layers' weights
+            own = set(module.state_dict())
+            values = {key: value for key, value in state.items() if key in own}
         set_model_state_dict(module, values, options=StateDictOptions(full_state_dict=True, strict=strict))
 
     def collect_checkpoint(self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer], staging: Staging | None) -> Write:
         """Every process writes its own shards (``sharded/__<rank>_0.distcp``, `torch.distributed.checkpoint`), hashing
         them as it writes them; nothing is gathered. Staged, only this process's shards are copied."""
-        state = checkpoint_io.sharded_state(models, optimizers)
+        state = checkpoint_io.sharded_state(models, optimizers, flatten=self.pipeline is not None)
         if staging is not None:
             state = staging.copy("sharded", state)
         return lambda writer: writer.save_dcp(store.SHARDED_DIR, state)
@@ -422,6 +489,16 @@ def _parallel_dims(dims: ParallelDims | None, device_mesh: tuple[int, int] | Non
     if dims.world_size != world_size:
         raise ValueError(f"parallel_dims is for {dims.world_size} processes ({dims}), but this run has {world_size}")
     return dims
+
+
+def _pipeline_config(config: PipelineConfig | None, dims: ParallelDims) -> PipelineConfig | None:
+    if config is not None and not isinstance(config, PipelineConfig):
+        raise TypeError(f"pipeline={config!r} must be a strategies.PipelineConfig")
+    if config is not None and not dims.pp_enabled:
+        raise ValueError(f"pipeline={config!r} was given but pp=1 ({dims}); pass parallel_dims=ParallelDims(pp=2, ...) too, or leave pipeline out")
+    if dims.pp_enabled:
+        return config if config is not None else PipelineConfig()
+    return None
 
 
 def _check_policy(policy: Any) -> None:

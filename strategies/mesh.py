@@ -10,6 +10,8 @@ sub-meshes other code asks for by name:
   same batch; data loading, ``gather_for_metrics`` and ``self.log(sync_dist=True)`` work over ``"dp"`` only.
 * ``"dp_shard"`` / ``("dp_replicate", "dp_shard")``: what ``fully_shard`` shards over (HSDP with both).
 * ``"tp"``: what ``parallelize_module`` splits layers over.
+* ``"pp"`` (outermost, with ``pp > 1``): the pipeline stages (`strategies.pipeline`); every process of one pipeline
+  sees the same batch (the first stage reads the inputs, the last the targets).
 
 Context parallelism (``cp``) is not built yet: a size other than 1 is refused.
 """
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 DIMS = ("dp_replicate", "dp_shard", "tp")
+PP_DIMS = ("pp", *DIMS)
 LIGHTNING_DIMS = ("data_parallel", "tensor_parallel")  # Lightning's ModelParallelStrategy
 
 
@@ -37,6 +40,7 @@ class ParallelDims:
         tp: tensor-parallel degree; 1 for none.
         cp: context parallelism; only 1 is supported.
         world_size: the number of processes.
+        pp: pipeline stages' processes (the outermost dimension); 1 for none.
 
     Raises:
         ValueError: a size is not a positive int (or ``-1``), more than one is ``-1``, or their product is not
@@ -48,9 +52,10 @@ class ParallelDims:
     dp_shard: int = -1
     tp: int = 1
     cp: int = 1
+    pp: int = 1
 
     def __post_init__(self) -> None:
-        sizes = {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp, "cp": self.cp}
+        sizes = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp, "cp": self.cp}
         for name, size in sizes.items():
             if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
                 raise ValueError(f"{name}={size!r} must be a positive int, or -1 for the processes the other dimensions leave")
@@ -69,10 +74,10 @@ class ParallelDims:
                     f"{self.world_size} processes, so {rest[0]}=-1 has no size; choose sizes whose product divides {self.world_size}"
                 )
             object.__setattr__(self, rest[0], self.world_size // known)
-        product = self.dp_replicate * self.dp_shard * self.tp * self.cp
+        product = self.pp * self.dp_replicate * self.dp_shard * self.tp * self.cp
         if product != self.world_size:
             raise ValueError(
-                f"dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × tp={self.tp} = {product}, but there are "
+                f"{f'pp={self.pp} × ' if self.pp > 1 else ''}dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × tp={self.tp} = {product}, but there are "
                 f"{self.world_size} processes; the sizes must multiply to the number of processes (pass -1 for one of "
                 "them to take the rest, e.g. dp_shard=-1)"
             )
@@ -87,20 +92,25 @@ class ParallelDims:
         return self.tp > 1
 
     @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
     def hsdp(self) -> bool:
         return self.dp_replicate > 1 and self.dp_shard > 1
 
     @property
     def n_d(self) -> bool:
         """More than the one data-parallel dimension plain FSDP has."""
-        return self.dp_replicate > 1 or self.tp > 1
+        return self.dp_replicate > 1 or self.tp > 1 or self.pp > 1
 
     def build_mesh(self, device_type: str, *, lightning_names: bool = False, timeout: float | None = None) -> DeviceMesh:
         """The processes' `DeviceMesh` (every process calls it, in step); the one place a mesh is built.
 
         * plain FSDP (``dp_shard`` only): one unnamed dimension over every process, the mesh ``fully_shard`` makes
           by default;
-        * otherwise ``("dp_replicate", "dp_shard", "tp")`` plus the flattened ``"dp"``;
+        * otherwise ``("dp_replicate", "dp_shard", "tp")`` plus the flattened ``"dp"``, with ``"pp"`` first when
+          ``pp > 1``;
         * ``lightning_names``: Lightning's ``ModelParallelStrategy`` mesh, ``("data_parallel", "tensor_parallel")``
           (``dp_shard × tp``), the names a Lightning module's ``configure_model`` indexes.
 
@@ -112,11 +122,14 @@ class ParallelDims:
         from strategies.process_group import give_timeout  # lazy: it imports torch.distributed, which planning code need not
 
         if lightning_names:
-            if self.dp_replicate != 1:
+            if self.dp_replicate != 1 or self.pp != 1:
                 raise ValueError(f"Lightning's two-dimensional mesh has no replicate dimension, got {self}")
             mesh = init_device_mesh(device_type, (self.dp_shard, self.tp), mesh_dim_names=LIGHTNING_DIMS)
         elif not self.n_d:
             mesh = init_device_mesh(device_type, (self.world_size,))
+        elif self.pp > 1:
+            mesh = init_device_mesh(device_type, (self.pp, self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=PP_DIMS)
+            mesh["dp_replicate", "dp_shard"]._flatten("dp")
         else:
             mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=DIMS)
             mesh["dp_replicate", "dp_shard"]._flatten("dp")
@@ -147,8 +160,9 @@ class ParallelDims:
         """Where process `rank` sits on each dimension (and its data-parallel rank, ``"dp"``)."""
         tp = rank % self.tp
         dp_shard = (rank // self.tp) % self.dp_shard
-        dp_replicate = rank // (self.tp * self.dp_shard)
-        return {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "dp": dp_replicate * self.dp_shard + dp_shard}
+        dp_replicate = (rank // (self.tp * self.dp_shard)) % self.dp_replicate
+        pp = rank // (self.tp * self.dp_shard * self.dp_replicate)
+        return {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "dp": dp_replicate * self.dp_shard + dp_shard}
 
     def __str__(self) -> str:
-        return f"dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × tp={self.tp}"
+        return f"{f'pp={self.pp} × ' if self.pp > 1 else ''}dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × tp={self.tp}"

@@ -26,6 +26,7 @@ from strategies.base import Strategy, materialize_if_empty
 from strategies.environment import ClusterEnvironment, detect_environment
 from strategies.fsdp import FSDPStrategy
 from strategies.mesh import ParallelDims
+from strategies.pipeline import PipelineConfig
 from strategies.precision import TRUE_PRECISION_MODES, normalize_precision
 from strategies.process_group import join_process_group
 
@@ -40,6 +41,11 @@ class ModelParallelStrategy(FSDPStrategy):
             file) is refused for now.
         process_group_backend: ``"gloo"``/``"nccl"``; chosen from the device when None.
         timeout: process-group timeout in seconds.
+        pipeline_parallel_size: processes of the pipeline stages (the outermost dimension); with more than 1 the
+            strategy splits the module into stages itself (`strategies.pipeline`: ``pipeline`` says how, default 1F1B)
+            and splits and shards each stage over the other dimensions, so ``configure_model`` must not parallelize it;
+            ``"auto"`` tensor parallelism is then 1. The training step runs through ``self.pipeline_step``.
+        pipeline: a `strategies.PipelineConfig` (with ``pipeline_parallel_size > 1`` only).
         cpu, precision, cluster: as for `FSDPStrategy` (mixed precision is the module's ``MixedPrecisionPolicy``,
             given to its own ``fully_shard`` calls; true precisions convert the module).
     """
@@ -53,6 +59,8 @@ class ModelParallelStrategy(FSDPStrategy):
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: float | None = None,
+        pipeline_parallel_size: int = 1,
+        pipeline: PipelineConfig | None = None,
         *,
         cpu: bool = False,
         precision: str = "no",
@@ -73,18 +81,24 @@ class ModelParallelStrategy(FSDPStrategy):
             )
         cluster = detect_environment() if cluster is None else cluster
         world = cluster.world_size
-        tp = _size("tensor_parallel_size", cluster.local_world_size if tensor_parallel_size == "auto" else tensor_parallel_size)
-        dp = _size("data_parallel_size", max(world // tp, 1) if data_parallel_size == "auto" else data_parallel_size)
-        if dp * tp != world:
+        pp = _size("pipeline_parallel_size", pipeline_parallel_size)
+        auto_tp = cluster.local_world_size if pp == 1 else 1
+        tp = _size("tensor_parallel_size", auto_tp if tensor_parallel_size == "auto" else tensor_parallel_size)
+        dp = _size("data_parallel_size", max(world // (tp * pp), 1) if data_parallel_size == "auto" else data_parallel_size)
+        if dp * tp * pp != world:
             raise ValueError(
-                f"ModelParallelStrategy: data_parallel_size={dp} × tensor_parallel_size={tp} = {dp * tp}, but there are {world} "
+                f"ModelParallelStrategy: data_parallel_size={dp} × tensor_parallel_size={tp}"
+                f"{f' × pipeline_parallel_size={pp}' if pp > 1 else ''} = {dp * tp * pp}, but there are {world} "
                 "processes; choose sizes whose product is the number of processes"
             )
         super().__init__(cluster=cluster, cpu=cpu, precision=mode, timeout=timeout, backend=process_group_backend,
-                         parallel_dims=ParallelDims(world_size=world, dp_shard=dp, tp=tp))
+                         parallel_dims=ParallelDims(world_size=world, dp_shard=dp, tp=tp, pp=pp), pipeline=pipeline)
         self.data_parallel_size_arg, self.tensor_parallel_size_arg = dp, tp
 
     def setup_environment(self) -> None:
+        if self.dims.pp_enabled:  # the strategy's own mesh, ("pp", "dp_replicate", "dp_shard", "tp"), as FSDPStrategy's
+            FSDPStrategy.setup_environment(self)
+            return
         self._owns_group = join_process_group(self.cluster, self.device, self.backend, self.timeout, self.teardown)
         self.device_mesh = self.dims.build_mesh(self.device.type, lightning_names=True, timeout=self.timeout)
         self.mesh = self.dims.fsdp_mesh(self.device_mesh)
@@ -97,7 +111,14 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def setup_module(self, module: nn.Module, *, move: bool = True, wrap: bool = True) -> nn.Module:
         """The module parallelized itself in ``configure_model``; here it is checked, converted (true precision) and, if
-        built on the meta device, materialized shard by shard."""
+        built on the meta device, materialized shard by shard. With pipeline stages the strategy splits and shards it."""
+        if self.pipeline is not None:
+            if _has_dtensors(module):
+                raise ValueError(
+                    "ModelParallelStrategy(pipeline_parallel_size>1) splits the module into pipeline stages and then parallelizes "
+                    "each stage itself; configure_model must not parallelize it (remove its parallelize_module/fully_shard calls)"
+                )
+            return FSDPStrategy.setup_module(self, module, move=move, wrap=wrap)
         module = self.precision.convert_parameters(module)
         if wrap and not _has_dtensors(module):
             raise RuntimeError(
@@ -114,7 +135,8 @@ class ModelParallelStrategy(FSDPStrategy):
         return module
 
     def __repr__(self) -> str:
-        return f"ModelParallelStrategy(data_parallel_size={self.dims.dp_shard}, tensor_parallel_size={self.dims.tp}, device={self.device})"
+        pp = f", pipeline_parallel_size={self.dims.pp}" if self.dims.pp_enabled else ""
+        return f"ModelParallelStrategy(data_parallel_size={self.dims.dp_shard}, tensor_parallel_size={self.dims.tp}{pp}, device={self.device})"
 
 
 def _size(name: str, size: Any) -> int:

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import datetime
 import faulthandler
+import functools
 import json
 import os
 import re
@@ -47,6 +48,9 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
 
     `teardown` is registered to run at interpreter exit (a script need not call ``end_training()``), and after
     it `wait_for_collective_threads` (see there: why a process that printed its results could still abort).
+
+    A group that exists already is joined as it is, except one Ray Train made before the worker function ran: it gets
+    the run's `timeout` (Ray's is 30 minutes) and the hung-rank report, as a group made here would.
     """
     die_with_launcher()
     _register_exit_wait()
@@ -58,6 +62,9 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
                 f"a process group of size {dist.get_world_size()} already exists but the environment says "
                 f"{cluster.world_size} processes; destroy it or fix WORLD_SIZE"
             )
+        if cluster.source == "ray":  # Ray Train made it (TorchConfig.timeout_s, 30 minutes by default): the run's rules
+            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout), None)
+            report_hung_ranks(cluster.rank, cluster.world_size, timeout, several_machines=cluster.several_machines)
         return False
     if debug_collectives():
         # torch checks every collective's op, shapes and dtypes against the other ranks' before running it, and
@@ -76,7 +83,7 @@ def join_process_group(cluster: ClusterEnvironment, device: torch.device, backen
         timeout=datetime.timedelta(seconds=timeout),
     )
     atexit.register(teardown)
-    report_hung_ranks(cluster.rank, cluster.world_size, timeout, several_machines=cluster.world_size > cluster.local_world_size)
+    report_hung_ranks(cluster.rank, cluster.world_size, timeout, several_machines=cluster.several_machines)
     return True
 
 
@@ -205,17 +212,51 @@ def report_hung_ranks(rank: int, world_size: int, timeout: float, *, several_mac
     if several_machines:
         threading.Thread(target=_print_stack_when_asked, args=(store, rank), name="trainwright-stack-watch", daemon=True).start()
     previous = sys.excepthook
+    global _reporter
+    _reporter = functools.partial(_report_timeout, store, rank, world_size, timeout)
 
     def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
         if _is_timeout(error):
             try:
-                _report_timeout(store, rank, world_size, timeout, timed_out="Timed out" in str(error))
+                report_collective_failure(error)
                 tb = _shortened(error, tb)  # the report says what happened; gloo's text follows, shortened
             except Exception:  # the report must never hide the error itself
                 pass
         previous(kind, error, tb)
 
     sys.excepthook = hook
+
+
+_reporter: Callable[..., None] | None = None  # this process's report (`report_hung_ranks`), for the group joined last
+
+
+def report_collective_failure(error: BaseException) -> bool:
+    """Report `error` if it is a collective's timeout (or a peer leaving): name the ranks that never reached it, as
+    the process's exception hook does for an error that ends the interpreter. Once per error; True if it reported.
+
+    Where the error never reaches the interpreter's top (Ray Train runs the worker function in a thread and catches
+    what it raises), the Trainer calls this from its failure path; a hand-written loop calls it, or runs inside
+    `collective_failures_reported`.
+    """
+    if _reporter is None or not _is_timeout(error) or getattr(error, "_trainwright_reported", False):
+        return False
+    error._trainwright_reported = True  # type: ignore[attr-defined]
+    try:
+        _reporter(timed_out="Timed out" in str(error))
+    except Exception:  # the report must never hide the error itself (its process group may be gone)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def collective_failures_reported() -> Any:
+    """``with collective_failures_reported(): <training loop>``: a collective's timeout raised inside is reported
+    (`report_collective_failure`) before it propagates."""
+    try:
+        yield
+    except RuntimeError as error:
+        report_collective_failure(error)
+        raise
 
 
 def _shortened(error: BaseException, tb: Any) -> Any:
@@ -239,8 +280,9 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def _machine() -> str:
-    """This process's machine: the host name, and the launcher's node rank (simulated machines share a host)."""
-    return f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}"
+    """This process's machine: the host name, and the launcher's node rank (torchrun's GROUP_RANK, Ray's NODE_RANK;
+    simulated machines share a host)."""
+    return f"{socket.gethostname()}/{os.environ.get('GROUP_RANK') or os.environ.get('NODE_RANK', '0')}"
 
 
 def _print_stack_when_asked(store: Any, rank: int) -> None:

@@ -17,6 +17,28 @@ def test_torchrun_variables():
     assert (env.world_size, env.rank, env.local_rank, env.local_world_size, env.master_port, env.source) == (4, 1, 1, 2, 1234, "torchrun")
 
 
+RAY_WORKER = {"RAY_RAYLET_PID": "123", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1",
+              "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "4321", "ACCELERATE_TORCH_DEVICE": "cuda:1"}  # what Ray Train sets
+
+
+def test_a_ray_train_worker_is_its_own_environment():
+    env = detect_environment(RAY_WORKER)
+    assert (env.source, env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.device) == (
+        "ray", 3, 4, 1, 2, 1, "cuda:1")
+    assert env.several_machines and env.master_addr == "10.0.0.2"
+    # torchrun started inside a Ray task is torchrun's (GROUP_RANK, its elastic run id)
+    assert detect_environment({**RAY_WORKER, "GROUP_RANK": "1", "TORCHELASTIC_RUN_ID": "x"}).source == "torchrun"
+    assert detect_environment({k: v for k, v in RAY_WORKER.items() if k != "RAY_RAYLET_PID"}).source == "torchrun"
+
+
+def test_the_device_ray_assigned_is_the_strategys():
+    from strategies.base import best_device
+
+    assert str(best_device(local_rank=0, assigned="cpu")) == "cpu"
+    assert str(best_device(local_rank=0, assigned="cuda:3")) == "cuda:3"  # Ray's choice, not the local rank's
+    assert str(best_device(cpu=True, local_rank=0, assigned="cuda:3")) == "cpu"
+
+
 def test_our_launcher_is_named():
     env = detect_environment({"RANK": "0", "WORLD_SIZE": "2", "TRAINWRIGHT_LAUNCHED": "1"})
     assert env.source == "trainwright" and env.world_size == 2

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 HEAVY = ["tqdm", "torchmetrics", "tensorboard", "wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive", "trackio",
-         "swanlab", "deepspeed", "torch_xla", "torchft", "torch._dynamo", "sklearn", "yaml"]
+         "swanlab", "deepspeed", "torch_xla", "torchft", "torch._dynamo", "sklearn", "yaml", "ray"]
 
 
 def _modules_after(code: str) -> set[str]:

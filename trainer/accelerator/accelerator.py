@@ -54,6 +54,7 @@ from trainer.accelerator.kwargs import AORecipeKwargs, AutocastKwargs, KwargsHan
 from trainer.accelerator.layout import AcceleratorState, accelerator_state_of, share_strategy
 from trainer.accelerator.mesh_ranks import MeshRanks
 from trainer.accelerator.parallelism import ParallelismConfig
+from trainer.accelerator.pipelining import PipelineSteps, is_pipeline_loss
 from trainer.accelerator.preparation import Preparation, checked_rng_types
 from trainer.accelerator.registry import Prepared
 from trainer.accelerator.saving import Checkpointing, check_path
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 _UNSET: Any = object()
 
 
-class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
+class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation, PipelineSteps):
     """One object for device placement, distributed data, mixed precision, accumulation and checkpoints.
 
     Args:
@@ -279,7 +280,10 @@ class Accelerator(MeshRanks, Collectives, Checkpointing, Preparation):
 
     # training -----------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` with loss scaling and division by the accumulation steps (`Stepper.backward`)."""
+        """``loss.backward()`` with loss scaling and division by the accumulation steps (`Stepper.backward`); nothing
+        for the loss of ``pipeline_step``, whose backward ran in the pipeline schedule."""
+        if is_pipeline_loss(loss):
+            return
         check_loss(loss, kwargs)
         if kwargs:
             self.stepper.backward(loss, **kwargs)

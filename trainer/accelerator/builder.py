@@ -54,7 +54,8 @@ def build_strategy(
                 )
             settings = fsdp_plugin.strategy_kwargs() if fsdp_plugin is not None else {}
             return FSDPStrategy(cluster=cluster, cpu=cpu, precision=precision, timeout=timeout, backend=backend,
-                                parallel_dims=parallelism.parallel_dims(cluster.world_size), tp_plan=parallelism.tp_plan, **settings)
+                                parallel_dims=parallelism.parallel_dims(cluster.world_size), tp_plan=parallelism.tp_plan,
+                                pipeline=parallelism.pp_handler, **settings)
         if strategy is None and deepspeed_plugin is None and fsdp_plugin is None and cluster.world_size > 1:
             strategy, named = "ddp", "ddp"  # dp_replicate_size alone: data parallel replicas
     if deepspeed_plugin is None and named == "deepspeed" and env_setting("DEEPSPEED_PLUGIN"):

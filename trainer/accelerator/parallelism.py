@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strategies.mesh import ParallelDims
+from strategies.pipeline import PipelineConfig
 
 
 @dataclass
@@ -38,6 +39,10 @@ class ParallelismConfig:
         dp_replicate_size: data-parallel replicas (HSDP's replicate dimension, or DDP alone).
         dp_shard_size: processes each replica is sharded over (FSDP2).
         tp_size: tensor-parallel degree.
+        pp_size: pipeline stages' processes (the outermost dimension): the model is split into stages by layer name and
+            each stage sharded over the data-parallel sizes (`strategies.pipeline`); train with
+            ``accelerator.pipeline_step(model, x, target=y, loss_fn=...)``.
+        pp_handler: a `strategies.PipelineConfig` (schedule, microbatches, split); default 1F1B with ``pp_size > 1``.
         cp_size, sp_size: context / sequence parallelism: only 1 (not available yet).
         tp_handler: a `TorchTensorParallelConfig`.
         tp_plan: submodule names → parallel styles; None: the model's own plan (an addition to Accelerate's fields:
@@ -56,12 +61,14 @@ class ParallelismConfig:
     sp_handler: Any = None
     tp_plan: dict[str, Any] | None = None
     device_mesh: Any = field(default=None, repr=False)
+    pp_size: int | None = None
+    pp_handler: PipelineConfig | None = None
 
     def _size(self, name: str) -> int:
         return int(getattr(self, f"{name}_size"))
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp", "pp"):
             if getattr(self, f"{name}_size") is None:
                 raw = os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}_SIZE", "1")
                 try:
@@ -76,6 +83,11 @@ class ParallelismConfig:
                 f"ParallelismConfig(cp_size={self._size('cp')}, sp_size={self._size('sp')}): context and sequence parallelism are not "
                 "available yet; use dp_replicate_size, dp_shard_size and tp_size"
             )
+        if self.pp_handler is not None and (not isinstance(self.pp_handler, PipelineConfig) or self._size("pp") == 1):
+            raise ValueError(
+                f"ParallelismConfig(pp_handler={self.pp_handler!r}) needs pp_size > 1 and a strategies.PipelineConfig; pass "
+                "pp_size=2 (or more) with it, or leave pp_handler out"
+            )
         if self._size("tp") > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self._size("tp") > 1 and self._size("dp_replicate") > 1 and self._size("dp_shard") == 1:
@@ -88,7 +100,8 @@ class ParallelismConfig:
     # Accelerate's properties ------------------------------------------------------------------------------
     @property
     def total_size(self) -> int:
-        return self._size("dp_replicate") * self._size("dp_shard") * self._size("tp") * self._size("cp") * self._size("sp")
+        return (self._size("dp_replicate") * self._size("dp_shard") * self._size("tp") * self._size("cp") * self._size("sp")
+                * self._size("pp"))
 
     @property
     def data_parallel_size(self) -> int:
@@ -96,7 +109,7 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        return self._size("tp") * self._size("cp") * self._size("sp")
+        return self._size("tp") * self._size("cp") * self._size("sp") * self._size("pp")
 
     @property
     def dp_replicate_enabled(self) -> bool:
@@ -139,18 +152,19 @@ class ParallelismConfig:
         if self.total_size == 1 and num_processes > 1:
             self.dp_replicate_size = num_processes
         if self.total_size != num_processes:
+            pp = f"{self._size('pp')} × " if self._size("pp") > 1 else ""
             raise ValueError(
-                f"ParallelismConfig total_size ({self._size('dp_replicate')} × {self._size('dp_shard')} × {self._size('tp')} = "
+                f"ParallelismConfig total_size ({pp}{self._size('dp_replicate')} × {self._size('dp_shard')} × {self._size('tp')} = "
                 f"{self.total_size}) does not match num_processes ({num_processes}); adjust dp_replicate_size/dp_shard_size/"
-                "tp_size so their product is the number of processes"
+                "tp_size/pp_size so their product is the number of processes"
             )
         return self
 
     @property
     def shards(self) -> bool:
         """Whether this runs FSDP2 (sharding or tensor parallelism), not plain data parallelism."""
-        return self.dp_shard_enabled or self.tp_enabled
+        return self.dp_shard_enabled or self.tp_enabled or self._size("pp") > 1
 
     def parallel_dims(self, world_size: int) -> ParallelDims:
         return ParallelDims(world_size=world_size, dp_replicate=self._size("dp_replicate"), dp_shard=self._size("dp_shard"),
-                            tp=self._size("tp"))
+                            tp=self._size("tp"), pp=self._size("pp"))

@@ -89,6 +89,14 @@ class TrainBatch:
         self.custom_clipping = overrides(module, "configure_gradient_clipping", TrainModule)
         hooked = self.custom_clipping or overrides(module, "optimizer_step", TrainModule) or _needs_closure(self.inner_optimizer)
         self.automatic = self._automatic_through_hook if hooked and self.optimizer is not None else self._automatic
+        if strategy.pipeline is not None and module.automatic_optimization:  # pipeline_step runs forward and backward
+            if hooked:
+                raise NotImplementedError(
+                    f"{type(module).__name__} overrides optimizer_step or configure_gradient_clipping (or its optimizer needs a "
+                    "closure), which pipeline stages cannot run: the step's backward runs inside the pipeline schedule. Use "
+                    "Trainer(gradient_clip_val=...) and a plain optimizer, or manual optimization"
+                )
+            self.automatic = self._automatic_pipelined
         self.step_optimizer = StepOptimizer(self) if hooked and self.optimizer is not None else None
 
     def __call__(self, batch: Any, batch_idx: int, last: bool) -> bool:
@@ -162,6 +170,31 @@ class TrainBatch:
             if "on_after_backward" in hooks:
                 hooks["on_after_backward"]()
         progress.advance_window(boundary, ran_backward)
+        if boundary and progress.accumulated:
+            self.optimizer_step()
+        return output
+
+    def _automatic_pipelined(self, batch: Any, batch_idx: int, boundary: bool) -> Any:
+        """`_automatic` with pipeline stages (`trainer.fit.pipelining`): zero_grad before the step on a window's first
+        batch, since ``self.pipeline_step`` in ``training_step`` computes the gradients; no backward here."""
+        progress, hooks = self.progress, self.hooks
+        if progress.accumulation_position == 0:
+            if "on_before_zero_grad" in hooks:
+                hooks["on_before_zero_grad"](self.optimizer)
+            self.zero_grad(batch_idx)
+        output = self.automatic_step(batch, batch_idx)
+        loss = output if type(output) is torch.Tensor else _loss_of(output)
+        if not isinstance(loss, torch.Tensor) or loss.requires_grad:
+            raise RuntimeError(
+                f"with pipeline stages, training_step must return what self.pipeline_step(x, target=y, loss_fn=...) returned "
+                f"(its backward ran inside the schedule), got {type(loss).__name__}"
+                f"{' with a gradient: a loss computed outside the pipeline' if isinstance(loss, torch.Tensor) else ''}"
+            )
+        if self.watch_losses:
+            self.loss_health.watch(loss)
+        if "on_after_backward" in hooks:
+            hooks["on_after_backward"]()
+        progress.advance_window(boundary, True)
         if boundary and progress.accumulated:
             self.optimizer_step()
         return output

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from trainer.fit.pipelining import PipelineSteps
+
 if TYPE_CHECKING:
     from types import FrameType
 
@@ -194,7 +196,7 @@ class ManualOptimizer:
         return f"ManualOptimizer({self.optimizer!r})"
 
 
-class TrainModule(nn.Module):
+class TrainModule(PipelineSteps, nn.Module):
     """Base class of the modules the `Trainer` runs.
 
     Override ``training_step`` and ``configure_optimizers`` (and optionally the evaluation steps, the

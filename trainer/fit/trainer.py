@@ -32,6 +32,7 @@ from callbacks.view import ValidationSchedule
 from strategies.abilities import Engine
 from strategies.checkpoint_io import load_weights
 from strategies.checkpoint_store import CheckpointSaveError
+from strategies.process_group import report_collective_failure
 from trainer.fit import batch, loops, preemption
 from trainer.fit.agreement import LoopAgreement
 from trainer.fit.args import TrainerArgs, build_accelerator, build_profiler, check_arguments, default_callbacks, launch_processes
@@ -487,6 +488,7 @@ class Trainer(TrainerAttributes, TrainerMetrics):
             # the run failed: no preemption checkpoint will answer a signal now, so a launcher's SIGTERM while this
             # process waits below (for its background save, whose peers may be gone) ends it, as without a Trainer
             self.agreement.signals.restore()
+            report_collective_failure(err)  # a hung rank named here too when no exception hook sees the error (Ray)
             self._dispatch.call_callbacks("on_exception", err)
             if datamodule is not None and callable(getattr(datamodule, "on_exception", None)):  # Lightning's order: the callbacks, then the datamodule
                 datamodule.on_exception(err)
