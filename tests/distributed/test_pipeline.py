@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,12 +139,29 @@ def test_schedules_on_2_processes_match_one_process() -> None:
     assert results[0][-1]["repr"].startswith("ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1, pipeline_parallel_size=2")
 
 
+def _on_4_processes() -> list[dict[str, Any]]:
+    """One job: 1F1B on 2 (pp) × 2 (FSDP), then 1F1B on 2 (pp) × 2 (tensor parallel: each layer's output columns split)."""
+    from strategies import FSDPStrategy, ParallelDims, PipelineConfig
+
+    fsdp = _pipelined("1F1B", 2, 2)
+    strategy = FSDPStrategy(parallel_dims=ParallelDims(world_size=4, pp=2, dp_shard=1, tp=2), cpu=True, timeout=60,
+                            tp_plan={"layers.*": "colwise_rep"}, pipeline=PipelineConfig(schedule="1F1B"))
+    tp = _fit(strategy, True, 2)
+    assert strategy.pipeline is not None and strategy.pipeline.model is not None
+    split = {name for name, p in strategy.pipeline.model.named_parameters() if type(p).__name__ == "DTensor"}
+    return [fsdp, {**tp, "split": sorted(split)}]
+
+
 @pytest.mark.timeout(400)
-def test_1f1b_on_a_2x2_pp_x_fsdp_mesh_matches_one_process() -> None:
+def test_1f1b_on_2x2_pp_x_fsdp_and_pp_x_tp_meshes_matches_one_process() -> None:
     plain = _fit("single", False, 2)
-    results = run_distributed(_pipelined, "1F1B", 2, 2, nprocs=4, timeout=300)
-    assert [r["stages"] for r in results] == [(0,), (0,), (1,), (1,)]  # pp outermost: processes 0, 1 hold stage 0
-    _assert_matches(plain, results, dp=2)
+    results = run_distributed(_on_4_processes, nprocs=4, timeout=300)
+    fsdp, tp = [r[0] for r in results], [r[1] for r in results]
+    assert [r["stages"] for r in fsdp] == [(0,), (0,), (1,), (1,)]  # pp outermost: processes 0, 1 hold stage 0
+    _assert_matches(plain, fsdp, dp=2)
+    _assert_matches(plain, tp)  # one data-parallel process: every process sees the whole batch
+    assert tp[0]["split"] == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]  # the plan applied
+    assert tp[2]["split"] == ["layers.2.bias", "layers.2.weight", "layers.3.bias", "layers.3.weight"]
 
 
 def _refusals() -> list[str]:
@@ -203,7 +221,7 @@ def test_a_stage_exception_fails_every_process_within_seconds() -> None:
         assert seconds < 30
 
 
-def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2) -> dict[str, Any]:
+def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2, save_to: str | None = None) -> dict[str, Any]:
     """The Accelerator's loop (None: one plain process): per-batch losses, clip norms and the full weights."""
     from strategies import PipelineConfig
     from trainer import Accelerator, ParallelismConfig
@@ -230,18 +248,30 @@ def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2) -> 
     weights = accelerator.get_state_dict(model)
     result = {"losses": losses, "norms": norms, "val_loss": val.item(), "out": out.detach(),
               "weights": {k: v.clone() for k, v in weights.items()} if accelerator.is_main_process else None}
+    if schedule and save_to is not None:  # save_state, the state spoiled, load_state: the saved weights and optimizer come back
+        accelerator.save_state(save_to)
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        momentum = {id(p): optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()}
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+                optimizer.state[p]["momentum_buffer"].zero_()
+        accelerator.load_state(save_to)
+        result["restored"] = all(torch.equal(v, saved[k]) for k, v in model.state_dict().items()) and all(
+            torch.equal(optimizer.state[p]["momentum_buffer"], momentum[id(p)]) for p in model.parameters())
     accelerator.end_training()
     return result
 
 
-def _accelerator_runs() -> list[dict[str, Any]]:
-    return [_accelerator_run(schedule) for schedule in ("1F1B", "ZBVZeroBubble")]  # one job, two runs in turn
+def _accelerator_runs(root: str) -> list[dict[str, Any]]:
+    return [_accelerator_run(schedule, save_to=f"{root}/{schedule}") for schedule in ("1F1B", "ZBVZeroBubble")]  # one job
 
 
 @pytest.mark.timeout(300)
-def test_accelerator_pipeline_step_matches_one_process() -> None:
+def test_accelerator_pipeline_step_matches_one_process(tmp_path: Path) -> None:
     plain = _accelerator_run(None)
-    runs = run_distributed(_accelerator_runs, nprocs=2, timeout=120)
+    runs = run_distributed(_accelerator_runs, str(tmp_path), nprocs=2, timeout=120)
+    assert all(run[case]["restored"] for run in runs for case in range(2))  # save_state / load_state
     for case in range(2):
         results = [run[case] for run in runs]
         _assert_matches(plain, results)
@@ -298,10 +328,8 @@ def _llama_run(pipelined: bool) -> dict[str, Any]:
     losses = []
     for step in range(4):
         batch = tokens[4 * (step % 2):4 * (step % 2) + 4]  # two batches, each seen twice
-        if pipelined:
-            loss = accelerator.pipeline_step(model, batch, target=batch, loss_fn=_llama_loss)
-        else:
-            loss = _llama_loss(model(batch), batch)
+        step_loss = accelerator.pipeline_step(model, batch, target=batch, loss_fn=_llama_loss) if pipelined else None
+        loss = step_loss if step_loss is not None else _llama_loss(model(batch), batch)
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()

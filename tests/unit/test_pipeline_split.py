@@ -88,3 +88,10 @@ def test_parallel_dims_puts_pp_outermost() -> None:
     assert ParallelDims(world_size=4, pp=2).dp_shard == 2 and str(dims) == "pp=2 × dp_replicate=1 × dp_shard=2 × tp=2"
     with pytest.raises(ValueError, match="pp=2 × dp_replicate=1 × dp_shard=2 × tp=1 = 4, but there are 2 processes"):
         ParallelDims(world_size=2, pp=2, dp_shard=2)
+
+
+def test_the_memory_planner_refuses_pipeline_stages_it_does_not_model() -> None:
+    from trainer.planning.memory import estimate_memory
+
+    with pytest.raises(NotImplementedError, match=r"estimate_memory\(pp=2, tp=1\): the planner does not model pipeline stages"):
+        estimate_memory(Net(), pp=2)

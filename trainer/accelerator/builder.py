@@ -46,9 +46,15 @@ def build_strategy(
         cluster = detect_environment()
         parallelism.resolved(cluster.world_size)
         if parallelism.shards:  # FSDP2 on the N-D mesh (HSDP, tensor parallel)
+            if parallelism.pp_size != 1 and (deepspeed_plugin is not None or named == "deepspeed"):
+                raise ValueError(
+                    f"ParallelismConfig(pp_size={parallelism.pp_size}) cannot run with DeepSpeed: DeepSpeed's own pipeline engine "
+                    "takes ZeRO stage 1 only, and its ZeRO-2/3 do not shard pipeline stages. Leave the DeepSpeed plugin out: "
+                    "pipeline stages run with FSDP2 on the data-parallel sizes (dp_shard_size)"
+                )
             if deepspeed_plugin is not None or (strategy is not None and named != "fsdp"):
                 raise ValueError(
-                    f"parallelism_config with dp_shard_size or tp_size > 1 runs FSDP2 on its mesh; it cannot run with "
+                    f"parallelism_config with dp_shard_size, tp_size or pp_size > 1 runs FSDP2 on its mesh; it cannot run with "
                     f"strategy={strategy!r}{' and a deepspeed_plugin' if deepspeed_plugin is not None else ''}. Leave strategy out "
                     "(or pass strategy='fsdp' / an fsdp_plugin for FSDP's other settings)"
                 )

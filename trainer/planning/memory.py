@@ -89,6 +89,8 @@ def estimate_memory(
     seq_len: int | None = None,
     input_shape: tuple[int, ...] | list[int] | None = None,
     device: str = "cuda",
+    pp: int = 1,
+    tp: int = 1,
 ) -> MemoryEstimate:
     """Estimate the per-process peak memory of one training iteration, and its breakdown.
 
@@ -111,7 +113,13 @@ def estimate_memory(
             of the output).
         device: ``"cuda"`` (the optimizer's batched implementation, with its temporaries) or ``"cpu"`` (one tensor at
             a time). The trace itself runs on the CPU, with CPU kernels (attention included).
+        pp, tp: pipeline stages' and tensor-parallel processes. Not modelled yet: only 1 (``NotImplementedError``).
     """
+    if pp != 1 or tp != 1:
+        raise NotImplementedError(
+            f"estimate_memory(pp={pp}, tp={tp}): the planner does not model pipeline stages or tensor parallelism yet; "
+            "estimate one stage's share by passing a model of that stage's layers with pp=1 and tp=1, or measure one iteration"
+        )
     setup = check_setup(strategy=strategy, num_processes=num_processes, precision=precision, optimizer=optimizer,
                         optimizer_kwargs=optimizer_kwargs, activation_checkpointing=activation_checkpointing,
                         batch_size=batch_size, device=device, shape=_shape(seq_len, input_shape))
