@@ -84,7 +84,8 @@ def test_a_plan_is_required_and_checked_before_anything_is_split() -> None:
 def test_one_builder_makes_every_mesh_with_its_names() -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("fake", rank=0, world_size=4)  # (a fake group: the meshes' shapes and names, no processes)
+    # A fake group on an in-process store: the meshes' shapes and names, no processes and no TCP port to collide on.
+    dist.init_process_group("fake", rank=0, world_size=4, store=dist.HashStore())
     try:
         plain = ParallelDims(world_size=4)  # FSDP alone: the one-dimensional mesh fully_shard makes by default
         mesh = plain.build_mesh("cpu")
