@@ -64,6 +64,9 @@ def _module(pipelined: bool, fail_at: int | None = None, adam: bool = False) -> 
             loss = self.pipeline_eval(x, target=y, loss_fn=F.mse_loss) if pipelined else F.mse_loss(self(x), y)
             self.log("val_loss", loss)
 
+        def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.pipeline_forward(batch[0]) if pipelined else self(batch[0])  # the last stage's outputs, everywhere
+
         def configure_optimizers(self) -> Any:
             if adam:
                 return torch.optim.Adam(self.parameters(), lr=0.01)
@@ -81,8 +84,10 @@ def _fit(strategy: Any, pipelined: bool, accumulate: int = 1, fail_at: int | Non
                       accumulate_grad_batches=accumulate, gradient_clip_val=0.5)
     loader = torch.utils.data.DataLoader(_dataset(), batch_size=BATCH // trainer.strategy.data_parallel_size)
     trainer.fit(module, loader, loader)
+    val_loss = float(trainer.callback_metrics["val_loss"])
+    predictions = torch.cat(trainer.predict(module, loader))
     weights = trainer.strategy.module_state_dict(module)
-    return {"losses": module.losses, "val_loss": float(trainer.callback_metrics["val_loss"]),
+    return {"losses": module.losses, "val_loss": val_loss, "predictions": predictions,
             "weights": {k: v.clone() for k, v in weights.items()} if trainer.is_global_zero else None}
 
 
@@ -109,6 +114,8 @@ def _assert_matches(single: dict[str, Any], results: list[dict[str, Any]], dp: i
         assert sum(r["val_loss"] for r in part) / dp == pytest.approx(single["val_loss"], abs=tol)
     for rank, result in enumerate(results):  # the processes of one pipeline (same data-parallel rank) agree exactly
         assert result["losses"] == results[rank % dp]["losses"]
+        if dp == 1 and "predictions" in single:  # Trainer.predict through pipeline_forward: every process, every sample
+            assert torch.allclose(result["predictions"], single["predictions"], atol=tol)
     want, got = single["weights"], results[0]["weights"]
     assert want.keys() == got.keys()
     worst = max((want[k] - got[k]).abs().max().item() for k in want)
