@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.base import Callback
 from strategies.checkpoint_io import MANIFEST_NAME, read_manifest
+from strategies.environment import is_ray_train_worker
 
 if TYPE_CHECKING:
     from callbacks.view import TrainerView
@@ -115,6 +116,12 @@ class RayTrainReportCallback(Callback):
 
     def on_fit_start(self, trainer: TrainerView, module: TrainModule) -> None:
         train = _ray_train()
+        if not is_ray_train_worker():
+            raise RuntimeError(
+                "RayTrainReportCallback reports to Ray Train, so it runs inside the worker function of a "
+                "ray.train.torch.TorchTrainer; this process is not a Ray Train worker (no RAY_RAYLET_PID/NODE_RANK). "
+                "Outside Ray, checkpoint with ModelCheckpoint"
+            )
         context = train.get_context()
         if self.checkpoint_dir is None:
             if context.get_world_size() > context.get_local_world_size():

@@ -126,14 +126,24 @@ def fit_job(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def hang_job(config: dict[str, Any]) -> None:
-    """The Accelerator face in Ray's process group: process 1 hangs before a collective; process 0's collective fails
-    after the run's timeout and its report (``TRAINWRIGHT_FAULT_DIR``) names process 1."""
+    """The Accelerator face in Ray's process group: one step, ``save_state`` and `report_checkpoint` (the recipe of
+    docs/ray.md); then process 1 hangs before a collective, and process 0's collective fails after the run's timeout
+    and its report (``TRAINWRIGHT_FAULT_DIR``) names process 1."""
+    from callbacks.ray_train import report_checkpoint
     from strategies.process_group import collective_failures_reported
     from trainer import Accelerator
 
     os.environ["TRAINWRIGHT_FAULT_DIR"] = config["folder"]
     accelerator = Accelerator(cpu=True, process_group_timeout=config["timeout"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     with collective_failures_reported():
+        accelerator.backward(model(torch.ones(2, 4)).sum())
+        optimizer.step()
+        path = Path(config["folder"], "scratch", "epoch=0")  # the Accelerator face's recipe (docs/ray.md)
+        accelerator.save_state(path)
+        report_checkpoint(path, {"epoch": 0}, remove=True)
         total = accelerator.reduce(torch.ones(1), "sum")
         assert float(total) == 2.0
         if accelerator.process_index == 1:

@@ -4,8 +4,8 @@
   epoch reported by `RayTrainReportCallback` from every process, a worker SIGKILLed, Ray restarting the group, and
   ``fit(ckpt_path=<ray.train.get_checkpoint()>)`` continuing exactly as an uninterrupted run (the reference runs on
   the tests' forked processes, same threads and kernels: losses compared bit for bit);
-* the Accelerator face in the group Ray made: a process hung before a collective is named within the run's timeout
-  (Ray's own is 30 minutes).
+* the Accelerator face in the group Ray made: its checkpoint reported by both processes (`report_checkpoint`), then
+  a process hung before a collective named within the run's timeout (Ray's own is 30 minutes).
 """
 
 from __future__ import annotations
@@ -102,15 +102,23 @@ def test_fsdp_run_reports_checkpoints_survives_a_killed_worker_and_resumes_exact
 def test_a_hung_process_is_named_within_the_runs_timeout_in_rays_process_group(ray_cluster):
     from ray.train import TrainingFailedError
 
-    folder = ray_cluster.mktemp("hang")
+    from strategies.checkpoint_io import verify_checkpoint
+
+    folder, storage = ray_cluster.mktemp("hang"), ray_cluster.mktemp("storage")
     timeout = 5.0
     started = time.monotonic()
     with pytest.raises(TrainingFailedError):
-        _torch_trainer(ray_jobs.hang_job, {"folder": str(folder), "timeout": timeout}, "hang", ray_cluster.mktemp("storage"),
-                       max_failures=0).fit()
+        _torch_trainer(ray_jobs.hang_job, {"folder": str(folder), "timeout": timeout}, "hang", storage, max_failures=0).fit()
     print(f"TorchTrainer.fit of the hung run: {time.monotonic() - started:.1f} s", file=sys.stderr)
     report_path = Path(folder, "hung-0.json")
     report = json.loads(report_path.read_text())
     assert report["missing"] == [1] and report["alive"] == [1] and report["timeout"] == timeout and report["timed_out"]
     waited = report_path.stat().st_mtime - float(Path(folder, "entered").read_text())
     assert timeout <= waited < timeout + 15, waited  # the run's 5 s (and the report's few seconds), not Ray's 30 minutes
+
+    # before the hang, the Accelerator's save_state, reported by both processes: whole in Ray's storage, and the local
+    # copy removed
+    (reported,) = [path for path in Path(storage, "hang").glob("checkpoint_*") if path.is_dir()]
+    verify_checkpoint(reported)
+    assert {"random_states_0.safetensors", "random_states_1.safetensors", "manifest.json"} <= {p.name for p in reported.iterdir()}
+    assert not any(Path(folder, "scratch").iterdir())

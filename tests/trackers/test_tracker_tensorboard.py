@@ -54,18 +54,6 @@ def test_tensorboard_round_trip(run_scenario, offline_env):
     assert note.tensor_proto.string_val[0].decode() == "hello"
 
 
-def _scalars_by_folder(root):
-    """{sub-run folder (relative): {tag: [(step, value), ...]}} of every event file under `root`."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out = {}
-    for folder in sorted({path.parent for path in root.rglob("events.out.tfevents.*")}):
-        events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-        events.Reload()
-        out[str(folder.relative_to(root))] = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    return out
-
-
 def test_a_dict_value_is_laid_out_as_accelerate_writes_it(offline_env):
     """What transformers' no_trainer scripts log (``accelerator.log({"glue": eval_metric, "train_loss": ...})`` with
     ``eval_metric = {"accuracy": ..., "f1": ...}``), through the Accelerator, against the calls Accelerate's
@@ -73,8 +61,8 @@ def test_a_dict_value_is_laid_out_as_accelerate_writes_it(offline_env):
     dict. Same sub-run folders, tags, steps and values."""
     pytest.importorskip("tensorboard")
     import torch
-    from torch.utils.tensorboard import SummaryWriter
 
+    from tests.helpers.tensorboard import scalars_by_folder, write_as_accelerate
     from trainer import Accelerator
 
     logged = [({"glue": {"accuracy": 0.625, "f1": torch.tensor(0.5)}, "train_loss": torch.tensor(1.25), "epoch": 0}, 10),
@@ -85,17 +73,10 @@ def test_a_dict_value_is_laid_out_as_accelerate_writes_it(offline_env):
         accelerator.log(values, step=step)
     accelerator.end_training()
 
-    writer = SummaryWriter(log_dir=str(offline_env / "accelerate" / "glue_no_trainer"))  # Accelerate's calls, by hand
-    for values, step in logged:
-        for key, value in values.items():
-            if isinstance(value, dict):
-                writer.add_scalars(key, {k: float(v) for k, v in value.items()}, global_step=step)
-            else:
-                writer.add_scalar(key, float(value), global_step=step)
-    writer.close()
+    write_as_accelerate(offline_env / "accelerate" / "glue_no_trainer", logged)  # Accelerate's calls, by hand
 
-    ours = _scalars_by_folder(offline_env / "ours" / "glue_no_trainer")
-    assert ours == _scalars_by_folder(offline_env / "accelerate" / "glue_no_trainer")
+    ours = scalars_by_folder(offline_env / "ours" / "glue_no_trainer")
+    assert ours == scalars_by_folder(offline_env / "accelerate" / "glue_no_trainer")
     assert set(ours) == {".", "glue_accuracy", "glue_f1"}
     assert ours["glue_accuracy"] == {"glue": [(10, 0.625), (20, 0.75)]}
     assert set(ours["."]) == {"train_loss", "epoch"}
@@ -126,7 +107,9 @@ def test_the_trainer_face_keeps_lightnings_flat_tags(offline_env):
     trainer = Trainer(max_epochs=1, log_with="tensorboard", project_dir=offline_env / "fit", accelerator="cpu", log_every_n_steps=1,
                       enable_progress_bar=False, enable_checkpointing=False)
     trainer.fit(Module(), loader)
-    folders = _scalars_by_folder(offline_env / "fit")
+    from tests.helpers.tensorboard import scalars_by_folder
+
+    folders = scalars_by_folder(offline_env / "fit")
     assert len(folders) == 1
     (tags,) = folders.values()
     assert {"metrics/loss", "metrics/half"} <= set(tags)

@@ -29,3 +29,17 @@ def test_each_process_reports_its_own_shards_and_rng_states_and_process_0_the_re
 def test_a_directory_without_a_manifest_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         files_of_process(tmp_path, 0)
+
+
+def test_the_callback_outside_a_ray_train_worker_says_where_it_runs(monkeypatch):
+    import importlib.util
+
+    from callbacks import RayTrainReportCallback
+
+    monkeypatch.delenv("RAY_RAYLET_PID", raising=False)
+    if importlib.util.find_spec("ray") is None:
+        with pytest.raises(ModuleNotFoundError, match=r"trainwright\[ray\]"):
+            RayTrainReportCallback().on_fit_start(None, None)
+        return
+    with pytest.raises(RuntimeError, match=r"inside the worker function of a ray\.train\.torch\.TorchTrainer"):
+        RayTrainReportCallback().on_fit_start(None, None)

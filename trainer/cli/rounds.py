@@ -52,8 +52,11 @@ def tokens_per_round() -> Iterator[None]:
     """Within the block, the rendezvous handlers torchrun's launcher makes tag each round (see `_tagged`)."""
     import torch.distributed.launcher.api as launcher
 
-    registry = launcher.rdzv_registry
-    make = registry.get_rendezvous_handler
+    registry: Any = getattr(launcher, "rdzv_registry", None)
+    make = getattr(registry, "get_rendezvous_handler", None)
+    if make is None:  # another torch's launcher: the workers fall back to torchrun's restart count
+        yield
+        return
 
     def tagged_handler(params: Any) -> Any:
         return _tagged(make(params))
