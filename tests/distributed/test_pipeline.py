@@ -156,7 +156,7 @@ def _on_4_processes() -> list[dict[str, Any]]:
     tp = _fit(strategy, True, 2)
     assert strategy.pipeline is not None and strategy.pipeline.model is not None
     split = {name for name, p in strategy.pipeline.model.named_parameters() if type(p).__name__ == "DTensor"}
-    return [fsdp, {**tp, "split": sorted(split)}]
+    return [fsdp, {**tp, "split": sorted(split)}, _accelerator_run("1F1B")]  # then the Accelerator on 2 (pp) × 2 (FSDP)
 
 
 @pytest.mark.timeout(400)
@@ -167,6 +167,10 @@ def test_1f1b_on_2x2_pp_x_fsdp_and_pp_x_tp_meshes_matches_one_process() -> None:
     assert [r["stages"] for r in fsdp] == [(0,), (0,), (1,), (1,)]  # pp outermost: processes 0, 1 hold stage 0
     _assert_matches(plain, fsdp, dp=2)
     _assert_matches(plain, tp)  # one data-parallel process: every process sees the whole batch
+    accelerator_plain = _accelerator_run(None)
+    accelerated = [r[2] for r in results]
+    _assert_matches(accelerator_plain, accelerated, dp=2)
+    assert all(r["norms"] == pytest.approx(accelerator_plain["norms"], rel=1e-5) for r in accelerated)
     assert tp[0]["split"] == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]  # the plan applied
     assert tp[2]["split"] == ["layers.2.bias", "layers.2.weight", "layers.3.bias", "layers.3.weight"]
 
@@ -233,7 +237,8 @@ def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2, sav
     from strategies import PipelineConfig
     from trainer import Accelerator, ParallelismConfig
 
-    config = ParallelismConfig(pp_size=pp, pp_handler=PipelineConfig(schedule=schedule)) if schedule else None
+    dp = int(os.environ.get("WORLD_SIZE", "1")) // pp
+    config = ParallelismConfig(pp_size=pp, dp_shard_size=dp, pp_handler=PipelineConfig(schedule=schedule)) if schedule else None
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate, parallelism_config=config)
     model = _module(False)  # the optimizer is built on the whole model, before prepare
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
