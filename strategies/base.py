@@ -130,6 +130,12 @@ class Strategy:
         return self.world_size
 
     @property
+    def repeats_batches(self) -> bool:
+        """Whether this process sees the same batches as a process of a lower rank (its tensor-parallel or pipeline
+        peer): what it gathers per sample (predictions) that process gathers already."""
+        return False
+
+    @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
 

@@ -271,6 +271,11 @@ class FSDPStrategy(Strategy, Float8AllGather):
     def data_parallel_size(self) -> int:
         return self.dims.dp_size
 
+    @property
+    def repeats_batches(self) -> bool:
+        where = self.dims.coordinates(self.rank)
+        return where["tp"] > 0 or where["pp"] > 0
+
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
         """Build on the meta device (unless ``empty_init=False``): `setup_module` shards the empty model, then each
         process allocates and initializes only its shards (`strategies.materialize`)."""

@@ -336,7 +336,7 @@ class Pipeline:
         while err.__cause__ is not None and isinstance(err.__cause__, Exception):  # torch's schedule wraps the stage's error
             err = err.__cause__
         own = f"stage {list(self.stage_indices)} on process {rank} failed: {type(err).__name__}: {err}"
-        communication = "Connection closed by peer" in str(err) or "Connection reset by peer" in str(err)
+        communication = any(part in str(err) for part in ("Connection closed by peer", "Connection reset by peer", "Read error"))
         if not communication:
             store.compare_set(_FAILURE_KEY, "", own)
         dist.destroy_process_group()  # every group: this process's connections close, its peers' waits fail now
@@ -346,10 +346,13 @@ class Pipeline:
             cause = store.get(_FAILURE_KEY).decode()
         except Exception:  # the failed process took the store with it: report what this one saw
             cause = own
-        return PipelineStageError(
+        error = PipelineStageError(
             f"pipeline {cause} (every process of the run stops; the process groups are closed). On process {rank}: "
             f"{type(err).__name__}: {str(err)[:200]}"
         )
+        # it names the failed stage: not for the hung-rank report (strategies.process_group), which would wait for peers
+        error._trainwright_reported = True  # type: ignore[attr-defined]
+        return error
 
 
 def _expanded(actions: list[Any]) -> list[Any]:

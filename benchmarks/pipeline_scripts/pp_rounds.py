@@ -4,7 +4,8 @@ layers, the same schedule with ``scale_grads=False``), in the same job (``traine
 
 Usage: pp_rounds.py RESULT.json SCHEDULE ROUNDS STEPS. Both build the same blocks from the same seed and train on the
 same batches (4 microbatches); rounds alternate which goes first, each timed between barriers. Rank 0 writes both
-sides' seconds per step and their first losses (ours: the batch's loss on every process; raw: the last stage's).
+sides' seconds per step and their first losses (ours: the batch's loss on every process; raw: the last stage's, summed
+over the processes once, outside the timed steps).
 """
 
 from __future__ import annotations
@@ -99,9 +100,11 @@ def main() -> None:
         schedule.step(*((x,) if first_stage else ()), target=y if last_stage else None, losses=losses, return_outputs=False)
         raw_optimizer.step()
         raw_optimizer.zero_grad()
-        return torch.stack(losses).sum() if losses else torch.zeros(())
+        return torch.stack(losses).sum().detach() if losses else torch.zeros(())
 
-    first = {"ours": ours(*batches[0]).item(), "raw": raw(*batches[0]).item()}
+    raw_first = raw(*batches[0])
+    dist.all_reduce(raw_first)  # (the last stage's loss: the others hold zero; outside the timed steps)
+    first = {"ours": ours(*batches[0]).item(), "raw": raw_first.item()}
     for _ in range(3):
         ours(*batches[1]), raw(*batches[1])
     times: dict[str, list[float]] = {"ours": [], "raw": []}

@@ -64,6 +64,9 @@ def _module(pipelined: bool, fail_at: int | None = None, adam: bool = False) -> 
             loss = self.pipeline_eval(x, target=y, loss_fn=F.mse_loss) if pipelined else F.mse_loss(self(x), y)
             self.log("val_loss", loss)
 
+        def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.pipeline_forward(batch[0]) if pipelined else self(batch[0])  # the last stage's outputs, everywhere
+
         def configure_optimizers(self) -> Any:
             if adam:
                 return torch.optim.Adam(self.parameters(), lr=0.01)
@@ -81,8 +84,10 @@ def _fit(strategy: Any, pipelined: bool, accumulate: int = 1, fail_at: int | Non
                       accumulate_grad_batches=accumulate, gradient_clip_val=0.5)
     loader = torch.utils.data.DataLoader(_dataset(), batch_size=BATCH // trainer.strategy.data_parallel_size)
     trainer.fit(module, loader, loader)
+    val_loss = float(trainer.callback_metrics["val_loss"])
+    predictions = torch.cat(trainer.predict(module, loader))
     weights = trainer.strategy.module_state_dict(module)
-    return {"losses": module.losses, "val_loss": float(trainer.callback_metrics["val_loss"]),
+    return {"losses": module.losses, "val_loss": val_loss, "predictions": predictions,
             "weights": {k: v.clone() for k, v in weights.items()} if trainer.is_global_zero else None}
 
 
@@ -109,6 +114,8 @@ def _assert_matches(single: dict[str, Any], results: list[dict[str, Any]], dp: i
         assert sum(r["val_loss"] for r in part) / dp == pytest.approx(single["val_loss"], abs=tol)
     for rank, result in enumerate(results):  # the processes of one pipeline (same data-parallel rank) agree exactly
         assert result["losses"] == results[rank % dp]["losses"]
+        if dp == 1 and "predictions" in single:  # Trainer.predict through pipeline_forward: every process, every sample
+            assert torch.allclose(result["predictions"], single["predictions"], atol=tol)
     want, got = single["weights"], results[0]["weights"]
     assert want.keys() == got.keys()
     worst = max((want[k] - got[k]).abs().max().item() for k in want)
@@ -149,7 +156,7 @@ def _on_4_processes() -> list[dict[str, Any]]:
     tp = _fit(strategy, True, 2)
     assert strategy.pipeline is not None and strategy.pipeline.model is not None
     split = {name for name, p in strategy.pipeline.model.named_parameters() if type(p).__name__ == "DTensor"}
-    return [fsdp, {**tp, "split": sorted(split)}]
+    return [fsdp, {**tp, "split": sorted(split)}, _accelerator_run("1F1B")]  # then the Accelerator on 2 (pp) × 2 (FSDP)
 
 
 @pytest.mark.timeout(400)
@@ -160,6 +167,10 @@ def test_1f1b_on_2x2_pp_x_fsdp_and_pp_x_tp_meshes_matches_one_process() -> None:
     assert [r["stages"] for r in fsdp] == [(0,), (0,), (1,), (1,)]  # pp outermost: processes 0, 1 hold stage 0
     _assert_matches(plain, fsdp, dp=2)
     _assert_matches(plain, tp)  # one data-parallel process: every process sees the whole batch
+    accelerator_plain = _accelerator_run(None)
+    accelerated = [r[2] for r in results]
+    _assert_matches(accelerator_plain, accelerated, dp=2)
+    assert all(r["norms"] == pytest.approx(accelerator_plain["norms"], rel=1e-5) for r in accelerated)
     assert tp[0]["split"] == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]  # the plan applied
     assert tp[2]["split"] == ["layers.2.bias", "layers.2.weight", "layers.3.bias", "layers.3.weight"]
 
@@ -226,7 +237,8 @@ def _accelerator_run(schedule: str | None, pp: int = 2, accumulate: int = 2, sav
     from strategies import PipelineConfig
     from trainer import Accelerator, ParallelismConfig
 
-    config = ParallelismConfig(pp_size=pp, pp_handler=PipelineConfig(schedule=schedule)) if schedule else None
+    dp = int(os.environ.get("WORLD_SIZE", "1")) // pp
+    config = ParallelismConfig(pp_size=pp, dp_shard_size=dp, pp_handler=PipelineConfig(schedule=schedule)) if schedule else None
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate, parallelism_config=config)
     model = _module(False)  # the optimizer is built on the whole model, before prepare
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)

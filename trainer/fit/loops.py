@@ -294,7 +294,8 @@ def _of_loader(metrics: dict[str, float], dataloader_idx: int) -> dict[str, floa
 def _ordered_predictions(trainer: Trainer, local: list[tuple[int, int, Any]]) -> list[Any]:
     """Predictions of every process in dataset order (batches are dealt round-robin to processes)."""
     if trainer.world_size > 1 and trainer.args.use_distributed_sampler:  # unsharded: each process predicted everything
-        local = trainer.accelerator.gather_object(local)
+        repeated = trainer.accelerator.strategy.repeats_batches  # a tensor-parallel or pipeline peer's: gathered once
+        local = trainer.accelerator.gather_object([] if repeated else local)
     return [output for _, _, output in sorted(local, key=lambda item: (item[0], item[1]))]
 
 
