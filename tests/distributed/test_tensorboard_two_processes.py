@@ -31,7 +31,7 @@ def _log(root: str) -> int:
 
 
 def test_two_processes_write_accelerates_layout_once(tmp_path):
-    from tests.helpers.tensorboard import scalars_by_folder, write_as_accelerate
+    from tests.helpers.tensorboard_events import scalars_by_folder, write_as_accelerate
 
     assert run_distributed(_log, str(tmp_path / "ours"), nprocs=2) == [0, 1]
     write_as_accelerate(tmp_path / "accelerate" / "qa_no_trainer", LOGGED)

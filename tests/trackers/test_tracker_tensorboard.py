@@ -62,7 +62,7 @@ def test_a_dict_value_is_laid_out_as_accelerate_writes_it(offline_env):
     pytest.importorskip("tensorboard")
     import torch
 
-    from tests.helpers.tensorboard import scalars_by_folder, write_as_accelerate
+    from tests.helpers.tensorboard_events import scalars_by_folder, write_as_accelerate
     from trainer import Accelerator
 
     logged = [({"glue": {"accuracy": 0.625, "f1": torch.tensor(0.5)}, "train_loss": torch.tensor(1.25), "epoch": 0}, 10),
@@ -107,7 +107,7 @@ def test_the_trainer_face_keeps_lightnings_flat_tags(offline_env):
     trainer = Trainer(max_epochs=1, log_with="tensorboard", project_dir=offline_env / "fit", accelerator="cpu", log_every_n_steps=1,
                       enable_progress_bar=False, enable_checkpointing=False)
     trainer.fit(Module(), loader)
-    from tests.helpers.tensorboard import scalars_by_folder
+    from tests.helpers.tensorboard_events import scalars_by_folder
 
     folders = scalars_by_folder(offline_env / "fit")
     assert len(folders) == 1
