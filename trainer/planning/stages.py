@@ -12,9 +12,10 @@ fake tensors to find each one's input). The schedule's share is then added:
   each also keeps its output until its backward. Under 1F1B a stage with more microbatches than ``k`` runs forwards
   after its first backward, so with its gradients held, and a stage after the first keeps the gradients of one
   microbatch's input (the send torch's 1F1B fuses with the next receive) through the next forward and backward.
-* the inputs: the first stage holds the whole batch (its microbatches are views of it); the others keep one receive
-  buffer per microbatch for the activations (``PipelineStage`` allocates them once), and every stage but the last one
-  per microbatch for the gradients of its output.
+* the inputs: the first stage holds the whole batch (its microbatches are views of it), the last one the labels (a
+  batch of the same size, as the loss of a language model takes the tokens); the others keep one receive buffer per
+  microbatch for the activations (``PipelineStage`` allocates them once), and every stage but the last one per
+  microbatch for the gradients of its output.
 
 `measure_stage` measures the same on a real pipeline of a launched process group (one process per stage).
 """
@@ -86,7 +87,8 @@ def stage_tallies(base: nn.Module, setup: Setup, *, pp: int, schedule: str, micr
         one_f_one_b = config.schedule == "1F1B"
         tallies.append(_scheduled(tally, inputs[index], output, count=count, in_flight=in_flight,
                                   forwards_after_backward=one_f_one_b and count > in_flight,
-                                  pending_send=one_f_one_b and index > 0 and count > 1))
+                                  pending_send=one_f_one_b and index > 0 and count > 1,
+                                  target=count * _bytes(inputs[0]) if index == len(stages) - 1 else 0))
     return tallies
 
 
@@ -98,22 +100,27 @@ def _bytes(meta: StageInput | None) -> int:
 
 
 def _scheduled(tally: Tally, given: StageInput, output: StageInput | None, *, count: int, in_flight: int,
-               forwards_after_backward: bool, pending_send: bool) -> Tally:
+               forwards_after_backward: bool, pending_send: bool, target: int) -> Tally:
     """One microbatch's `tally` with the schedule's share added (see the module docstring)."""
     held_input = _bytes(given)  # the traced microbatch's input, counted among its activations
     per_microbatch = tally.activations - held_input  # what one microbatch in flight keeps (its output included)
     phases: dict[str, dict[str, int]] = {}
-    for name, phase in tally.phases.items():
-        phase = dict(phase)
-        phase["activations"] += (count - 1) * held_input  # every microbatch's input, held for the whole step
+    for name, traced in tally.phases.items():
+        phase = dict(traced)
+        phase["activations"] += (count - 1) * held_input + target  # every microbatch's input (and labels), held for the step
         phase["temporaries"] += count * _bytes(output)  # the receive buffers of the output's gradients
         if name != "step":
-            phase["activations"] += (in_flight - 1) * per_microbatch
             phase["temporaries"] += held_input if pending_send else 0
-        if (name == "forward" and forwards_after_backward) or (name == "backward" and count > 1):
-            phase["gradients"] = tally.gradients  # held from the first microbatch's backward on
+        if name == "forward":
+            phase["activations"] += (in_flight - 1) * per_microbatch
+            phase["gradients"] = tally.gradients if forwards_after_backward else phase["gradients"]
+        if name == "backward":  # the first backward, most microbatches in flight; or a later one, the gradients held
+            first = {**phase, "activations": phase["activations"] + (in_flight - 1) * per_microbatch}
+            others = in_flight - 1 if forwards_after_backward else in_flight - 2
+            later = {**phase, "activations": phase["activations"] + max(others, 0) * per_microbatch, "gradients": tally.gradients}
+            phase = max(first, later, key=lambda p: sum(p.values())) if count > 1 else first
         phases[name] = phase
-    activations = tally.activations + (count - 1) * held_input + (in_flight - 1) * per_microbatch
+    activations = tally.activations + (count - 1) * held_input + target + (in_flight - 1) * per_microbatch
     return Tally(parameters=tally.parameters, gradients=tally.gradients, optimizer=tally.optimizer, activations=activations, phases=phases)
 
 
