@@ -60,6 +60,23 @@ class MLP(nn.Module):
         return self.head(x)  # type: ignore[no-any-return]
 
 
+class StagedMLP(nn.Module):
+    """64 → 256, four 256² layers, 256 → 64, split into pipeline stages: its forward skips what its stage does not hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed: nn.Module | None = nn.Linear(64, 256)
+        self.layers = nn.ModuleList([nn.Linear(256, 256) for _ in range(4)])
+        self.head: nn.Module | None = nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x) if self.head is not None else x
+
+
 def tiny_llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -93,5 +93,7 @@ def test_parallel_dims_puts_pp_outermost() -> None:
 def test_the_memory_planner_refuses_pipeline_stages_it_does_not_model() -> None:
     from trainer.planning.memory import estimate_memory
 
-    with pytest.raises(NotImplementedError, match=r"estimate_memory\(pp=2, tp=1\): the planner does not model pipeline stages"):
-        estimate_memory(Net(), pp=2)
+    with pytest.raises(NotImplementedError, match=r"pipeline_schedule='Interleaved1F1B'\): the planner models one stage per process"):
+        estimate_memory(Net(), pp=2, pipeline_schedule="Interleaved1F1B", input_shape=(6,), batch_size=4)
+    with pytest.raises(NotImplementedError, match=r"estimate_memory\(tp=2\): the planner does not model tensor parallelism"):
+        estimate_memory(Net(), tp=2, input_shape=(6,))

@@ -47,6 +47,10 @@ def add_estimate_parser(subparsers: Any) -> None:
     shape.add_argument("--input_shape", type=_shape, help="one sample's shape for other models, e.g. 64,512")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="where the run trains: the optimizer's batched (cuda) or per-tensor (cpu) implementation")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages, one per process: the estimate of each stage (default 1)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel processes (not modelled yet: only 1)")
+    parser.add_argument("--pipeline_schedule", default="1F1B", choices=("1F1B", "GPipe"), help="with --pp: the schedule (default 1F1B)")
+    parser.add_argument("--microbatches", type=int, default=None, help="with --pp: microbatches per step (default: --pp)")
     parser.add_argument("--budget", help="list the configurations that fit this much memory per process, e.g. 80GiB")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run_estimate)
@@ -62,7 +66,7 @@ def _shape(text: str) -> tuple[int, ...]:
 def run_estimate(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except (TypeError, ImportError) as err:  # a factory that returns no module, transformers missing: one error line
+    except (TypeError, ImportError, NotImplementedError) as err:  # a factory returning no module, transformers missing, what is not modelled: one line
         raise ValueError(str(err)) from err
 
 
@@ -72,11 +76,14 @@ def _run(args: argparse.Namespace) -> int:
 
     args.optimizer_kwargs = parse_kwargs(args.optimizer_kwargs or ())
     if args.budget is not None:
+        if args.pp != 1 or args.tp != 1:
+            raise ValueError(f"--budget searches data-parallel layouts only; drop --pp {args.pp} --tp {args.tp}, or estimate one layout without --budget")
         return _run_plan(args, read_size(args.budget))
     estimate = estimate_memory(
         args.model, strategy=args.strategy, num_processes=args.num_processes, precision=args.precision, optimizer=args.optimizer,
         optimizer_kwargs=args.optimizer_kwargs, activation_checkpointing=args.activation_checkpointing, batch_size=args.batch_size, seq_len=args.seq_len,
-        input_shape=args.input_shape, device=args.device,
+        input_shape=args.input_shape, device=args.device, pp=args.pp, tp=args.tp, pipeline_schedule=args.pipeline_schedule,
+        microbatches=args.microbatches,
     )
     if args.json:
         print(json.dumps(estimate.to_dict()))
@@ -96,6 +103,9 @@ def _table(estimate: Any) -> str:
     lines.extend(f"{name:<14}{format_bytes(getattr(estimate, name)):>14}{format_bytes(estimate.at_peak.get(name, 0)):>14}"
                  for name in ("parameters", "gradients", "optimizer", "activations", "temporaries"))
     lines.append(f"{'peak':<14}{format_bytes(estimate.peak):>14}   (in {estimate.peak_phase})")
+    if estimate.pp > 1:
+        title_pp = f"pipeline of {estimate.pp} stages: the stage with the largest peak above; each stage's peak:"
+        lines.extend(["", title_pp, *(f"  stage {i}: {format_bytes(s.peak)} (in {s.peak_phase})" for i, s in enumerate(estimate.stages))])
     lines.append(f"weights only: {format_bytes(estimate.weights_only)} ({estimate.weights_only / max(estimate.peak, 1):.2f}× the peak)")
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ from strategies.activation_checkpointing import apply_activation_checkpointing
 from strategies.blocks import Blocks
 from strategies.fsdp import apply_fsdp
 from strategies.precision import DeepSpeedPrecision, FSDPPrecision, Precision
-from trainer.planning.models import make_batch
+from trainer.planning.models import make_batch, stage_loss
 from trainer.planning.optimizers import OptimizerSpec, resolve_optimizer
 from trainer.planning.trace import Tally, fake_mesh, fake_parameters, prime_optimizer, scalar_reads_as_one, tracked_iteration
 
@@ -101,8 +101,11 @@ def prepare(model: nn.Module, blocks: Blocks, setup: Setup, mesh: DeviceMesh | N
     return model
 
 
-def trace(model: nn.Module, blocks: Blocks, setup: Setup) -> Tally:
-    """One fake training iteration of `model` (a meta module, consumed) as `setup` runs it, on one process."""
+def trace(model: nn.Module, blocks: Blocks, setup: Setup, *, stage_input: tuple[tuple[int, ...], torch.dtype, bool] | None = None) -> Tally:
+    """One fake training iteration of `model` (a meta module, consumed) as `setup` runs it, on one process.
+
+    `stage_input`: the shape, dtype and ``requires_grad`` of a pipeline stage's input (`trainer.planning.stages`),
+    instead of the batch; the stage backpropagates the mean of its output."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cpu = torch.device("cpu")
@@ -114,8 +117,12 @@ def trace(model: nn.Module, blocks: Blocks, setup: Setup) -> Tally:
         model = prepare(fake_parameters(model, cpu, module_dtype(precision_for(setup))), blocks, setup, mesh)
         optimizer = build_optimizer(setup.optimizer, model, setup.device)
         prime_optimizer(model, optimizer)
-        batch = make_batch(model, setup.batch_size, setup.shape, cpu)
-        tally = tracked_iteration(model, optimizer, batch, sharded=fsdp)
+        if stage_input is None:
+            batch = make_batch(model, setup.batch_size, setup.shape, cpu)
+            tally = tracked_iteration(model, optimizer, batch, sharded=fsdp)
+        else:
+            batch = torch.empty(stage_input[0], dtype=stage_input[1], device=cpu, requires_grad=stage_input[2])
+            tally = tracked_iteration(model, optimizer, batch, sharded=fsdp, loss_fn=stage_loss)
         trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return _with_buckets(tally, trainable) if setup.strategy == "ddp" else tally
 

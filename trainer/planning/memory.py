@@ -14,7 +14,7 @@ linear in the block count), so a 70B model estimates in seconds.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from strategies.blocks import find_blocks
@@ -61,6 +61,8 @@ class MemoryEstimate:
     num_parameters: int = 0
     blocks: int = 0
     traced_blocks: tuple[int, ...] = ()
+    pp: int = 1
+    stages: tuple[MemoryEstimate, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"per_process": {...bytes}, "config": {...}, "model": {...}}``."""
@@ -73,6 +75,7 @@ class MemoryEstimate:
                        "optimizer": self.optimizer_name, "activation_checkpointing": self.activation_checkpointing,
                        "batch_size": self.batch_size, "shape": list(self.shape), "device": self.device},
             "model": {"num_parameters": self.num_parameters, "blocks": self.blocks, "traced_blocks": list(self.traced_blocks)},
+            **({"pp": self.pp, "stages": [stage.to_dict()["per_process"] for stage in self.stages]} if self.pp > 1 else {}),
         }
 
 
@@ -91,6 +94,8 @@ def estimate_memory(
     device: str = "cuda",
     pp: int = 1,
     tp: int = 1,
+    pipeline_schedule: str = "1F1B",
+    microbatches: int | None = None,
 ) -> MemoryEstimate:
     """Estimate the per-process peak memory of one training iteration, and its breakdown.
 
@@ -113,18 +118,35 @@ def estimate_memory(
             of the output).
         device: ``"cuda"`` (the optimizer's batched implementation, with its temporaries) or ``"cpu"`` (one tensor at
             a time). The trace itself runs on the CPU, with CPU kernels (attention included).
-        pp, tp: pipeline stages' and tensor-parallel processes. Not modelled yet: only 1 (``NotImplementedError``).
+        pp: pipeline stages, one per process (`trainer.planning.stages`): the model split as `strategies.pipeline`
+            splits it, each stage traced with the microbatches its schedule keeps in flight. The estimate is the stage
+            with the largest peak; ``stages`` holds every stage's. ``num_processes`` is then the data-parallel size
+            (``strategy='fsdp'`` shards each stage over it) and ``batch_size`` the batch of one step of one pipeline.
+        tp: tensor-parallel processes. Not modelled yet: only 1 (``NotImplementedError``).
+        pipeline_schedule: with ``pp > 1``, ``"1F1B"`` or ``"GPipe"`` (the schedules of one stage per process).
+        microbatches: with ``pp > 1``, microbatches per step (None: ``pp``, as `PipelineConfig`'s default).
     """
-    if pp != 1 or tp != 1:
+    if tp != 1:
         raise NotImplementedError(
-            f"estimate_memory(pp={pp}, tp={tp}): the planner does not model pipeline stages or tensor parallelism yet; "
-            "estimate one stage's share by passing a model of that stage's layers with pp=1 and tp=1, or measure one iteration"
+            f"estimate_memory(tp={tp}): the planner does not model tensor parallelism yet; estimate with tp=1 and divide "
+            "the sharded layers' parameters by hand, or measure one iteration"
         )
+    pp = _positive("pp", pp)
     setup = check_setup(strategy=strategy, num_processes=num_processes, precision=precision, optimizer=optimizer,
                         optimizer_kwargs=optimizer_kwargs, activation_checkpointing=activation_checkpointing,
                         batch_size=batch_size, device=device, shape=_shape(seq_len, input_shape))
     base = load_meta_model(model)
+    if pp > 1:
+        return _estimate_stages(base, setup, pp=pp, schedule=pipeline_schedule, microbatches=microbatches)
     return estimate_setup(base, setup)
+
+
+def _estimate_stages(base: Any, setup: Setup, *, pp: int, schedule: str, microbatches: int | None) -> MemoryEstimate:
+    from trainer.planning.stages import stage_tallies  # lazy: only a pipelined estimate
+
+    stages = tuple(_estimate(setup, tally, base, 0, ()) for tally in stage_tallies(base, setup, pp=pp, schedule=schedule, microbatches=microbatches))
+    largest = max(stages, key=lambda stage: stage.peak)
+    return replace(largest, pp=pp, stages=stages)
 
 
 def estimate_setup(base: Any, setup: Setup) -> MemoryEstimate:

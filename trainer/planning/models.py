@@ -133,3 +133,11 @@ def compute_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     out = model(batch)
     out = out[0] if isinstance(out, (tuple, list)) else out
     return out.float().mean()  # type: ignore[no-any-return]
+
+
+def stage_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """What a stage's trace backpropagates: a loss whose graph holds the stage's output until backward (a pipeline stage
+    keeps it until the microbatch's backward), and whose gradient is of the output's size (as the next stage sends it)."""
+    out = model(batch)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return (out * out).float().mean()  # type: ignore[no-any-return]
