@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 import torch
@@ -20,17 +19,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-WIDTH, HIDDEN, BLOCKS, BATCH, MICROBATCHES = 256, 1024, 8, 32, 4
+from benchmarks.rounds import WIDTH, Block, alternating_rounds
 
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(WIDTH, HIDDEN)
-        self.down = nn.Linear(HIDDEN, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(x)))
+BLOCKS, BATCH, MICROBATCHES = 8, 32, 4
 
 
 class Net(nn.Module):
@@ -107,17 +98,7 @@ def main() -> None:
     first = {"ours": ours(*batches[0]).item(), "raw": raw_first.item()}
     for _ in range(3):
         ours(*batches[1]), raw(*batches[1])
-    times: dict[str, list[float]] = {"ours": [], "raw": []}
-    for r in range(rounds):
-        for name, step in ((("ours", ours), ("raw", raw)) if r % 2 == 0 else (("raw", raw), ("ours", ours))):
-            dist.barrier()
-            begin = time.perf_counter()
-            for i in range(steps):
-                step(*batches[i % len(batches)])
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dist.barrier()
-            times[name].append((time.perf_counter() - begin) / steps)
+    times = alternating_rounds(lambda b: ours(*b), lambda b: raw(*b), batches, rounds, steps, device)
     if accelerator.is_main_process:
         with open(result, "w") as handle:
             json.dump({"times": times, "first_loss": first}, handle)
